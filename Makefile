@@ -1,0 +1,43 @@
+# Two entry points: `make demo` and `make test`. Both build .venv from scratch when missing.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck layers unit venv proto clean schema
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/tangram demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check libs services tests
+	$(BIN)/ruff format --check libs services tests
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+layers: $(STAMP)
+	$(BIN)/lint-imports
+
+unit: $(STAMP)
+	$(BIN)/pytest -q
+
+test: lint typecheck layers unit
+
+# Regenerates the gRPC stubs of the kubelet plugin from the .proto files in the repository.
+proto: $(STAMP)
+	$(BIN)/python -m tangram.kubelet.codegen
+
+schema: $(STAMP)
+	$(BIN)/tangram schema > docs/events.asyncapi.json
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

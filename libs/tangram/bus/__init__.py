@@ -1,0 +1,29 @@
+"""The JetStream bus: declarations, publishing, durable consumers with dead letters, replay."""
+
+from tangram.bus.client import Bus, BusConfig, Handler
+from tangram.bus.declarations import (
+    STREAMS,
+    STREAMS_BY_NAME,
+    ConsumerSpec,
+    StreamSpec,
+    allocator_consumer,
+    allocator_results_consumer,
+    partitioner_consumer,
+)
+from tangram.bus.errors import BusError, Poison, Retry
+
+__all__ = [
+    "STREAMS",
+    "STREAMS_BY_NAME",
+    "Bus",
+    "BusConfig",
+    "BusError",
+    "ConsumerSpec",
+    "Handler",
+    "Poison",
+    "Retry",
+    "StreamSpec",
+    "allocator_consumer",
+    "allocator_results_consumer",
+    "partitioner_consumer",
+]

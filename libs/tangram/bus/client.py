@@ -1,0 +1,416 @@
+"""The bus client: the one choke point between Tangram and NATS JetStream."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    PubAck,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+
+from tangram.bus.declarations import STREAMS, ConsumerSpec, StreamSpec
+from tangram.bus.errors import BusError, Poison, Retry
+from tangram.bus.metrics import CONSUMED, DEAD_LETTERS, DUPLICATES, HANDLE_SECONDS, PUBLISHED
+from tangram.events import DeadLetter, Event, EventDecodeError, decode, encode, subject_token
+
+log = logging.getLogger("tangram.bus")
+
+T = TypeVar("T")
+Handler = Callable[[Event], Awaitable[None]]
+
+# Failures worth waiting out: the server is restarting, or a reply was lost on the way.
+_TRANSIENT: tuple[type[BaseException], ...] = (
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.OutboundBufferLimitError,
+    nats.js.errors.ServiceUnavailableError,
+    asyncio.TimeoutError,
+)
+
+
+@dataclass(frozen=True)
+class BusConfig:
+    servers: tuple[str, ...]
+    name: str  # connection name, visible in the server's monitoring
+    producer: str  # written in every event's envelope
+    credentials_file: str | None = None  # NATS .creds (JWT + nkey); never logged
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    connect_timeout_s: float = 5.0
+    reconnect_forever: bool = True
+    publish_retry_s: float = 60.0  # how long a publish keeps retrying through a server outage
+
+
+def _tls_context(config: BusConfig) -> ssl.SSLContext | None:
+    if config.tls_ca_file is None and config.tls_cert_file is None:
+        return None
+    context = ssl.create_default_context(cafile=config.tls_ca_file)
+    if config.tls_cert_file is not None:
+        context.load_cert_chain(config.tls_cert_file, config.tls_key_file)
+    return context
+
+
+def _stream_config(spec: StreamSpec) -> StreamConfig:
+    return StreamConfig(
+        name=spec.name,
+        description=spec.description,
+        subjects=list(spec.subjects),
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        discard=DiscardPolicy.OLD,
+        max_msgs_per_subject=spec.max_msgs_per_subject,
+        max_age=spec.max_age_s,
+        duplicate_window=spec.duplicate_window_s,
+        max_msg_size=spec.max_msg_size,
+    )
+
+
+def _consumer_config(spec: ConsumerSpec) -> ConsumerConfig:
+    return ConsumerConfig(
+        durable_name=spec.durable,
+        description=spec.description or None,
+        ack_policy=AckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL,
+        ack_wait=spec.ack_wait_s,
+        max_deliver=spec.max_deliver,
+        filter_subjects=list(spec.filter_subjects) if len(spec.filter_subjects) > 1 else None,
+        filter_subject=spec.filter_subjects[0] if len(spec.filter_subjects) == 1 else None,
+        max_ack_pending=spec.max_ack_pending,
+        metadata=spec.metadata or None,
+    )
+
+
+class Bus:
+    def __init__(self, nc: NatsClient, config: BusConfig) -> None:
+        self._nc = nc
+        self._js: JetStreamContext = nc.jetstream()
+        self.config = config
+
+    @classmethod
+    async def connect(cls, config: BusConfig, *, wait_s: float | None = None) -> Bus:
+        """Connect, retrying the first connection for `wait_s` (None: forever when reconnect_forever)."""
+        options: dict[str, Any] = {
+            "servers": list(config.servers),
+            "name": config.name,
+            "connect_timeout": config.connect_timeout_s,
+            "allow_reconnect": True,
+            "max_reconnect_attempts": -1 if config.reconnect_forever else 60,
+            "reconnect_time_wait": 0.25,
+            "error_cb": _log_error,
+            "disconnected_cb": _log_disconnected,
+            "reconnected_cb": _log_reconnected,
+        }
+        if config.credentials_file is not None:
+            options["user_credentials"] = config.credentials_file
+        tls = _tls_context(config)
+        if tls is not None:
+            options["tls"] = tls
+        deadline = None if wait_s is None and config.reconnect_forever else time.monotonic() + (wait_s or 0)
+        delay = 0.1
+        while True:
+            try:
+                nc = await nats.connect(**options)
+                return cls(nc, config)
+            except (nats.errors.NoServersError, OSError, nats.errors.TimeoutError) as exc:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise BusError(f"cannot connect to NATS at {', '.join(config.servers)}: {exc}") from exc
+                log.warning("nats not reachable, retrying", extra={"servers": config.servers, "error": str(exc)})
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    @property
+    def jetstream(self) -> JetStreamContext:
+        return self._js
+
+    @property
+    def nats(self) -> NatsClient:
+        return self._nc
+
+    async def _api(self, call: Callable[[], Awaitable[T]], what: str, *, retry_s: float = 0.0) -> T:
+        """Every JetStream API request goes through here: transient errors retried, others -> BusError."""
+        deadline = time.monotonic() + retry_s
+        delay = 0.05
+        while True:
+            try:
+                return await call()
+            except _TRANSIENT as exc:
+                if time.monotonic() >= deadline or self._nc.is_closed:
+                    raise BusError(f"{what}: {type(exc).__name__}: {exc}") from exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+            except (nats.js.errors.Error, nats.errors.Error) as exc:
+                raise BusError(f"{what}: {exc}") from exc
+
+    async def ensure_streams(self, streams: Sequence[StreamSpec] = STREAMS) -> None:
+        for spec in streams:
+            config = _stream_config(spec)
+            try:
+                await self._api(lambda: self._js.stream_info(spec.name), f"stream info {spec.name}", retry_s=10)
+            except BusError as exc:
+                if not isinstance(exc.__cause__, nats.js.errors.NotFoundError):
+                    raise
+                await self._api(lambda: self._js.add_stream(config), f"create stream {spec.name}", retry_s=10)
+            else:
+                await self._api(lambda: self._js.update_stream(config), f"update stream {spec.name}", retry_s=10)
+
+    async def ensure_consumer(self, spec: ConsumerSpec) -> None:
+        config = _consumer_config(spec)
+        await self._api(lambda: self._js.add_consumer(spec.stream, config), f"consumer {spec.durable}", retry_s=10)
+
+    async def publish(self, event: Event) -> PubAck:
+        """Publish and wait for the stream's ack. The event id is the Nats-Msg-Id, so retries store once."""
+        data = encode(event)
+        headers = {"Nats-Msg-Id": event.event_id}
+        ack = await self._api(
+            lambda: self._js.publish(event.subject, data, timeout=2.0, stream=event.stream, headers=headers),
+            f"publish {event.type_name()} to {event.subject}",
+            retry_s=self.config.publish_retry_s,
+        )
+        _count_ack(event, ack)
+        return ack
+
+    async def publish_batch(self, events: Sequence[Event]) -> list[PubAck]:
+        """Asynchronous publishes in flight together; any that fail are retried one by one (de-duplicated)."""
+        futures: list[asyncio.Future[PubAck]] = []
+        for event in events:
+            future = await self._js.publish_async(
+                event.subject, encode(event), stream=event.stream, headers={"Nats-Msg-Id": event.event_id}
+            )
+            futures.append(future)
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        acks: list[PubAck] = []
+        for event, result in zip(events, results, strict=True):
+            if isinstance(result, PubAck):
+                _count_ack(event, result)
+                acks.append(result)
+            else:
+                acks.append(await self.publish(event))
+        return acks
+
+    async def replay(
+        self,
+        stream: str,
+        *,
+        start_seq: int | None = None,
+        start_time: datetime | None = None,
+        subjects: Sequence[str] = (),
+        batch: int = 1024,
+    ) -> AsyncIterator[tuple[int, Event]]:
+        """Events of `stream` in stream order, from a sequence or a time, up to the end as of the call.
+
+        Undecodable messages are logged and skipped: a replay reads history, it does not judge it.
+        """
+        info = await self._api(lambda: self._js.stream_info(stream), f"stream info {stream}", retry_s=10)
+        last_seq = info.state.last_seq
+        if last_seq == 0 or (start_seq is not None and start_seq > last_seq):
+            return
+        config = ConsumerConfig(
+            ack_policy=AckPolicy.NONE,
+            deliver_policy=(
+                DeliverPolicy.BY_START_TIME if start_time is not None else DeliverPolicy.BY_START_SEQUENCE
+            ),
+            opt_start_seq=None if start_time is not None else (start_seq or 1),
+            opt_start_time=start_time,
+            filter_subjects=list(subjects) if len(subjects) > 1 else None,
+            filter_subject=subjects[0] if len(subjects) == 1 else None,
+            inactive_threshold=30.0,
+            mem_storage=True,
+        )
+        sub = await self._api(
+            lambda: self._js.pull_subscribe(
+                subjects[0] if len(subjects) == 1 else "", durable=None, stream=stream, config=config
+            ),
+            f"replay consumer on {stream}",
+            retry_s=10,
+        )
+        try:
+            consumer = await sub.consumer_info()
+            if consumer.num_pending == 0:
+                return
+            while True:
+                msgs = await self._api(lambda: sub.fetch(batch, timeout=5.0), f"replay fetch {stream}")
+                for msg in msgs:
+                    meta = msg.metadata
+                    if meta.sequence.stream > last_seq:
+                        return
+                    try:
+                        yield meta.sequence.stream, decode(msg.data)
+                    except EventDecodeError as exc:
+                        log.warning(
+                            "skipping undecodable message in replay",
+                            extra={"stream": stream, "sequence": meta.sequence.stream, "error": str(exc)},
+                        )
+                    if meta.num_pending == 0 or meta.sequence.stream >= last_seq:
+                        return
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def consume(
+        self,
+        spec: ConsumerSpec,
+        handler: Handler,
+        *,
+        stop: asyncio.Event,
+        batch: int = 64,
+        ready: asyncio.Event | None = None,
+    ) -> None:
+        """Run a durable pull consumer until `stop` is set.
+
+        The handler's outcome decides the message's fate: return -> ack; Retry or any other
+        exception -> nak with backoff, until max_deliver, then dead letter; Poison or undecodable
+        bytes -> dead letter and terminate. The consumer never stops on a bad message.
+        """
+        await self.ensure_consumer(spec)
+        sub = await self._api(
+            lambda: self._js.pull_subscribe_bind(spec.durable, stream=spec.stream),
+            f"bind consumer {spec.durable}",
+            retry_s=10,
+        )
+        if ready is not None:
+            ready.set()
+        try:
+            while not stop.is_set():
+                try:
+                    msgs = await sub.fetch(batch, timeout=0.5)
+                except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                    continue
+                except (nats.errors.Error, nats.js.errors.Error) as exc:
+                    log.warning("fetch failed, retrying", extra={"consumer": spec.durable, "error": str(exc)})
+                    await _sleep_or_stop(stop, 0.5)
+                    continue
+                for msg in msgs:
+                    await self._handle(spec, msg, handler)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def _handle(self, spec: ConsumerSpec, msg: Msg, handler: Handler) -> None:
+        try:
+            event = decode(msg.data)
+        except EventDecodeError as exc:
+            await self._dead_letter(spec, msg, f"undecodable event: {exc}")
+            return
+        started = time.perf_counter()
+        try:
+            await self._with_heartbeat(spec, msg, handler(event))
+        except Poison as exc:
+            await self._dead_letter(spec, msg, f"poison: {exc}")
+        except Exception as exc:
+            deliveries = msg.metadata.num_delivered
+            reason = f"{type(exc).__name__}: {exc}"
+            if deliveries >= spec.max_deliver:
+                await self._dead_letter(spec, msg, f"failed {deliveries} times, last: {reason}")
+                return
+            delay = exc.delay if isinstance(exc, Retry) and exc.delay is not None else None
+            if delay is None:
+                delay = spec.backoff_s[min(deliveries - 1, len(spec.backoff_s) - 1)]
+            log.warning(
+                "handler failed, will redeliver",
+                extra={"consumer": spec.durable, "deliveries": deliveries, "delay_s": delay, "error": reason},
+            )
+            CONSUMED.labels(spec.durable, "nak").inc()
+            with contextlib.suppress(nats.errors.Error):
+                await msg.nak(delay=delay)
+        else:
+            CONSUMED.labels(spec.durable, "ack").inc()
+            with contextlib.suppress(nats.errors.Error):
+                await msg.ack()
+        finally:
+            HANDLE_SECONDS.labels(spec.durable).observe(time.perf_counter() - started)
+
+    async def _with_heartbeat(self, spec: ConsumerSpec, msg: Msg, work: Awaitable[None]) -> None:
+        """Tell the server we are still on it (in_progress) while a slow handler runs."""
+        task = asyncio.ensure_future(work)
+        interval = max(spec.ack_wait_s / 3, 0.5)
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=interval)
+            if done:
+                task.result()
+                return
+            with contextlib.suppress(nats.errors.Error):
+                await msg.in_progress()
+
+    async def _dead_letter(self, spec: ConsumerSpec, msg: Msg, reason: str) -> None:
+        meta = msg.metadata
+        letter = DeadLetter(
+            key=subject_token(spec.durable),
+            producer=self.config.producer,
+            consumer=spec.durable,
+            original_subject=msg.subject,
+            original_stream=meta.stream,
+            original_sequence=meta.sequence.stream,
+            deliveries=meta.num_delivered,
+            reason=reason,
+            data=msg.data,
+            headers=dict(msg.headers or {}),
+        )
+        await self.publish(letter)
+        DEAD_LETTERS.labels(spec.durable).inc()
+        CONSUMED.labels(spec.durable, "dead_letter").inc()
+        log.error(
+            "message sent to dead letter",
+            extra={"consumer": spec.durable, "sequence": meta.sequence.stream, "reason": reason},
+        )
+        with contextlib.suppress(nats.errors.Error):
+            await msg.term()
+
+    async def close(self) -> None:
+        """Drain: finish in-flight work, flush publishes, then close."""
+        if self._nc.is_closed:
+            return
+        try:
+            await self._js.publish_async_completed()
+        except Exception as exc:
+            log.warning("pending async publishes not completed", extra={"error": str(exc)})
+        with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
+            await self._nc.drain()
+        if not self._nc.is_closed:
+            await self._nc.close()
+
+
+def _count_ack(event: Event, ack: PubAck) -> None:
+    if ack.duplicate:
+        DUPLICATES.labels(event.type_name()).inc()
+    else:
+        PUBLISHED.labels(event.type_name()).inc()
+
+
+async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+
+
+async def _log_error(exc: Exception) -> None:
+    log.warning("nats error", extra={"error": str(exc)})
+
+
+async def _log_disconnected() -> None:
+    log.warning("nats disconnected")
+
+
+async def _log_reconnected() -> None:
+    log.info("nats reconnected")

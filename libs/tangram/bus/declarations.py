@@ -1,0 +1,93 @@
+"""Every stream and durable consumer Tangram uses, in one table. Created or updated idempotently."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tangram.events import CLAIMS_STREAM, DEADLETTER_STREAM, INVENTORY_STREAM, NODES_STREAM, subject_token
+
+DAY = 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    name: str
+    subjects: tuple[str, ...]
+    description: str
+    max_msgs_per_subject: int = -1
+    max_age_s: float = 0.0  # 0: keep forever
+    duplicate_window_s: float = 120.0  # Nats-Msg-Id de-duplication window
+    max_msg_size: int = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ConsumerSpec:
+    durable: str
+    stream: str
+    filter_subjects: tuple[str, ...]
+    max_deliver: int = 5
+    # Delays before redelivery after a failed attempt n (n-1 indexes this; the last repeats).
+    backoff_s: tuple[float, ...] = (0.2, 1.0, 5.0)
+    ack_wait_s: float = 30.0
+    max_ack_pending: int = 1024
+    description: str = ""
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+STREAMS: tuple[StreamSpec, ...] = (
+    StreamSpec(
+        name=INVENTORY_STREAM,
+        subjects=("tangram.inventory.>",),
+        description="last inventory per node",
+        max_msgs_per_subject=1,
+    ),
+    StreamSpec(
+        name=CLAIMS_STREAM,
+        subjects=("tangram.claim.>",),
+        description="claim requests and the allocator's decisions: the replayable source of truth",
+    ),
+    StreamSpec(
+        name=NODES_STREAM,
+        subjects=("tangram.node.>",),
+        description="per-node partition commands and results, prepare results, health",
+        max_age_s=30 * DAY,
+    ),
+    StreamSpec(
+        name=DEADLETTER_STREAM,
+        subjects=("tangram.deadletter.>",),
+        description="messages a consumer could not handle, with the reason and the original bytes",
+        max_age_s=30 * DAY,
+    ),
+)
+
+STREAMS_BY_NAME = {spec.name: spec for spec in STREAMS}
+
+
+def allocator_consumer() -> ConsumerSpec:
+    return ConsumerSpec(
+        durable="allocator",
+        stream=CLAIMS_STREAM,
+        filter_subjects=("tangram.claim.requested.>", "tangram.claim.released.>"),
+        description="claims to decide and to free",
+    )
+
+
+def allocator_results_consumer() -> ConsumerSpec:
+    return ConsumerSpec(
+        durable="allocator-partition-results",
+        stream=NODES_STREAM,
+        filter_subjects=("tangram.node.*.partition.applied", "tangram.node.*.partition.failed"),
+        description="partition results from every node",
+    )
+
+
+def partitioner_consumer(node: str) -> ConsumerSpec:
+    token = subject_token(node)
+    return ConsumerSpec(
+        durable=f"partitioner-{token}",
+        stream=NODES_STREAM,
+        filter_subjects=(f"tangram.node.{token}.partition.requested",),
+        # A MIG create can take seconds on real hardware; in_progress heartbeats extend this.
+        ack_wait_s=60.0,
+        description=f"partition commands for node {node}",
+    )

@@ -1,0 +1,28 @@
+"""The DRA device model shared by ResourceSlice rendering and the allocator (pure, no I/O)."""
+
+from tangram.dra.devices import node_devices, partitionable, to_semver, whole_gpu_advertised
+from tangram.dra.model import (
+    AttributeValue,
+    CounterConsumption,
+    CounterSet,
+    Device,
+    DeviceKind,
+    DeviceTaint,
+    NodeDevices,
+    Version,
+)
+
+__all__ = [
+    "AttributeValue",
+    "CounterConsumption",
+    "CounterSet",
+    "Device",
+    "DeviceKind",
+    "DeviceTaint",
+    "NodeDevices",
+    "Version",
+    "node_devices",
+    "partitionable",
+    "to_semver",
+    "whole_gpu_advertised",
+]

@@ -1,0 +1,181 @@
+"""Turn a node's hardware into the devices it advertises: whole GPUs and every possible MIG placement.
+
+Partitionable devices share a per-GPU counter set (one counter per memory slice, multiprocessors,
+memory, and the single media-extensions unit), so DRA can see what can be carved, not only what is.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tangram import DRIVER_NAME
+from tangram.dra.model import (
+    AttributeValue,
+    CounterConsumption,
+    CounterSet,
+    Device,
+    DeviceTaint,
+    NodeDevices,
+    Version,
+)
+from tangram.dra.names import (
+    MEDIA_EXTENSIONS_COUNTER,
+    MEMORY_COUNTER,
+    MULTIPROCESSORS_COUNTER,
+    NUMA_NODE,
+    PCIE_ROOT,
+    UNHEALTHY_TAINT,
+    counter_set_name,
+    gpu_device_name,
+    memory_slice_counter,
+    mig_device_name,
+    qualified,
+)
+from tangram.events.inventory import GpuInfo, MigProfile, NodeHardware
+
+MIB = 1024 * 1024
+_VERSION_PART = re.compile(r"\d+")
+
+
+def to_semver(version: str) -> str:
+    """NVIDIA versions to semver: "580.95.05" -> "580.95.5", "9.0" -> "9.0.0"."""
+    parts = [str(int(p)) for p in _VERSION_PART.findall(version)][:3]
+    if not parts:
+        raise ValueError(f"version {version!r} has no numeric part")
+    while len(parts) < 3:
+        parts.append("0")
+    return ".".join(parts)
+
+
+def partitionable(gpu: GpuInfo) -> bool:
+    """Ampere cannot toggle MIG without a reset, so only GPUs already in MIG mode are cut there."""
+    if not gpu.mig_capable or not gpu.mig_profiles:
+        return False
+    return gpu.mig_enabled or not gpu.mig_toggle_needs_reset
+
+
+def whole_gpu_advertised(gpu: GpuInfo) -> bool:
+    """An Ampere GPU in MIG mode cannot be handed out whole without a reset."""
+    return not (gpu.mig_capable and gpu.mig_enabled and gpu.mig_toggle_needs_reset)
+
+
+def _common_attributes(domain: str, gpu: GpuInfo, driver_version: str) -> dict[str, AttributeValue]:
+    attrs: dict[str, AttributeValue] = {
+        qualified(domain, "productName"): gpu.name,
+        qualified(domain, "architecture"): gpu.architecture,
+        qualified(domain, "cudaComputeCapability"): Version(to_semver(gpu.cuda_compute_capability)),
+        qualified(domain, "driverVersion"): Version(to_semver(driver_version)),
+        qualified(domain, "index"): gpu.index,
+    }
+    if gpu.pcie_root is not None:
+        attrs[PCIE_ROOT] = gpu.pcie_root
+    if gpu.numa_node is not None:
+        attrs[NUMA_NODE] = gpu.numa_node
+    if gpu.nvlink_domain is not None:
+        attrs[qualified(domain, "nvlinkDomain")] = gpu.nvlink_domain
+    if gpu.clique_id is not None:
+        attrs[qualified(domain, "cliqueId")] = gpu.clique_id
+    return attrs
+
+
+def _taints(domain: str, gpu: GpuInfo) -> list[DeviceTaint]:
+    if gpu.health == "healthy":
+        return []
+    return [DeviceTaint(key=qualified(domain, UNHEALTHY_TAINT), effect="NoSchedule")]
+
+
+def _gpu_counters(gpu: GpuInfo) -> dict[str, int]:
+    counters = {memory_slice_counter(i): 1 for i in range(gpu.memory_slices)}
+    counters[MULTIPROCESSORS_COUNTER] = gpu.multiprocessors
+    counters[MEMORY_COUNTER] = gpu.memory_mib * MIB
+    counters[MEDIA_EXTENSIONS_COUNTER] = 1
+    return counters
+
+
+def _whole_gpu(domain: str, gpu: GpuInfo, driver_version: str, counters: bool) -> Device:
+    attrs = _common_attributes(domain, gpu, driver_version)
+    attrs[qualified(domain, "type")] = "gpu"
+    attrs[qualified(domain, "uuid")] = gpu.uuid
+    attrs[qualified(domain, "migCapable")] = gpu.mig_capable
+    consumes = (
+        [CounterConsumption(counter_set=counter_set_name(gpu.index), counters=_gpu_counters(gpu))]
+        if counters
+        else []
+    )
+    return Device(
+        name=gpu_device_name(gpu.index),
+        kind="gpu",
+        gpu_index=gpu.index,
+        gpu_uuid=gpu.uuid,
+        attributes=attrs,
+        capacity={
+            qualified(domain, "memory"): gpu.memory_mib * MIB,
+            qualified(domain, "multiprocessors"): gpu.multiprocessors,
+        },
+        consumes=consumes,
+        taints=_taints(domain, gpu),
+    )
+
+
+def _mig_devices(domain: str, gpu: GpuInfo, driver_version: str) -> list[Device]:
+    existing = {(m.profile_id, m.placement.start): m.uuid for m in gpu.mig_instances}
+    devices: list[Device] = []
+    for profile in sorted(gpu.mig_profiles, key=lambda p: (p.memory_slices, p.profile_id)):
+        for placement in sorted(profile.placements, key=lambda p: p.start):
+            attrs = _common_attributes(domain, gpu, driver_version)
+            attrs[qualified(domain, "type")] = "mig"
+            attrs[qualified(domain, "profile")] = profile.name
+            attrs[qualified(domain, "parentUUID")] = gpu.uuid
+            attrs[qualified(domain, "placementStart")] = placement.start
+            attrs[qualified(domain, "placementSize")] = placement.size
+            mig_uuid = existing.get((profile.profile_id, placement.start))
+            if mig_uuid is not None:
+                attrs[qualified(domain, "uuid")] = mig_uuid
+            devices.append(
+                Device(
+                    name=mig_device_name(gpu.index, profile.name, placement.start),
+                    kind="mig",
+                    gpu_index=gpu.index,
+                    gpu_uuid=gpu.uuid,
+                    attributes=attrs,
+                    capacity={
+                        qualified(domain, "memory"): profile.memory_mib * MIB,
+                        qualified(domain, "multiprocessors"): profile.multiprocessors,
+                    },
+                    consumes=[
+                        CounterConsumption(
+                            counter_set=counter_set_name(gpu.index),
+                            counters=_placement_counters(profile, placement.start),
+                        )
+                    ],
+                    taints=_taints(domain, gpu),
+                    profile=profile.name,
+                    profile_id=profile.profile_id,
+                    placement=placement,
+                )
+            )
+    return devices
+
+
+def _placement_counters(profile: MigProfile, start: int) -> dict[str, int]:
+    counters = {memory_slice_counter(i): 1 for i in range(start, start + profile.memory_slices)}
+    counters[MULTIPROCESSORS_COUNTER] = profile.multiprocessors
+    counters[MEMORY_COUNTER] = profile.memory_mib * MIB
+    if profile.media_extensions:
+        counters[MEDIA_EXTENSIONS_COUNTER] = 1
+    return counters
+
+
+def node_devices(hw: NodeHardware, *, driver: str = DRIVER_NAME) -> NodeDevices:
+    """Every device of the node in a stable order: GPU index, whole GPU first, then placements."""
+    devices: list[Device] = []
+    counter_sets: list[CounterSet] = []
+    for gpu in sorted(hw.gpus, key=lambda g: g.index):
+        cut = partitionable(gpu)
+        if cut:
+            counter_sets.append(CounterSet(name=counter_set_name(gpu.index), counters=_gpu_counters(gpu)))
+        if whole_gpu_advertised(gpu):
+            devices.append(_whole_gpu(driver, gpu, hw.driver_version, counters=cut))
+        if cut:
+            devices.extend(_mig_devices(driver, gpu, hw.driver_version))
+    return NodeDevices(node=hw.node, driver=driver, pool=hw.node, devices=devices, counter_sets=counter_sets)

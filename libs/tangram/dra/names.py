@@ -1,0 +1,39 @@
+"""Device, counter and attribute names: DNS labels, stable across restarts."""
+
+from __future__ import annotations
+
+import re
+
+STANDARD_DOMAIN = "resource.kubernetes.io"
+PCIE_ROOT = f"{STANDARD_DOMAIN}/pcieRoot"
+NUMA_NODE = f"{STANDARD_DOMAIN}/numaNode"
+
+MEMORY_COUNTER = "memory"
+MULTIPROCESSORS_COUNTER = "multiprocessors"
+MEDIA_EXTENSIONS_COUNTER = "media-extensions"
+UNHEALTHY_TAINT = "unhealthy"
+
+_NOT_LABEL = re.compile(r"[^a-z0-9-]+")
+
+
+def gpu_device_name(gpu_index: int) -> str:
+    return f"gpu-{gpu_index}"
+
+
+def mig_device_name(gpu_index: int, profile: str, start: int) -> str:
+    """`gpu-0-mig-3g-71gb-4`: profile names have '.' and '+', which DNS labels forbid."""
+    profile_label = _NOT_LABEL.sub("-", profile.lower()).strip("-")
+    return f"gpu-{gpu_index}-mig-{profile_label}-{start}"
+
+
+def counter_set_name(gpu_index: int) -> str:
+    """Unique across the pool, as 1.35 and later require."""
+    return f"gpu-{gpu_index}-counters"
+
+
+def memory_slice_counter(slice_index: int) -> str:
+    return f"memory-slice-{slice_index}"
+
+
+def qualified(domain: str, name: str) -> str:
+    return f"{domain}/{name}"

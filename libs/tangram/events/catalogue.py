@@ -1,0 +1,227 @@
+"""Every event of the life of a claim. Schema evolution: new fields get defaults; never reorder or re-type."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+import msgspec
+
+from tangram.events.envelope import Event
+from tangram.events.inventory import MigPlacement, NodeHardware
+
+INVENTORY_STREAM = "TANGRAM_INVENTORY"
+CLAIMS_STREAM = "TANGRAM_CLAIMS"
+NODES_STREAM = "TANGRAM_NODES"
+DEADLETTER_STREAM = "TANGRAM_DEADLETTER"
+
+
+class NodeInventory(Event, tag="node.inventory", frozen=True, kw_only=True):
+    """Last value per node: everything discovery saw. key = node subject token."""
+
+    stream: ClassVar[str] = INVENTORY_STREAM
+    subject_pattern: ClassVar[str] = "tangram.inventory.{key}"
+
+    hardware: NodeHardware
+    generation: int = 0  # increases with every publication by one discovery process
+
+
+class ClaimRequested(Event, tag="claim.requested", frozen=True, kw_only=True):
+    """A ResourceClaim to decide. key = claim uid."""
+
+    stream: ClassVar[str] = CLAIMS_STREAM
+    subject_pattern: ClassVar[str] = "tangram.claim.requested.{key}"
+
+    namespace: str
+    name: str
+    uid: str
+    spec: dict[str, Any]  # ResourceClaim.spec (resource.k8s.io/v1), validated by the allocator
+
+
+class AllocatedDevice(msgspec.Struct, frozen=True, kw_only=True):
+    request: str  # "<request>" or "<request>/<subrequest>"
+    driver: str
+    pool: str
+    device: str  # ResourceSlice device name
+    gpu_index: int
+    gpu_uuid: str
+    profile: str | None = None  # MIG profile name; None for a whole GPU
+    profile_id: int | None = None
+    placement: MigPlacement | None = None
+    admin_access: bool = False
+
+
+class ClaimAllocated(Event, tag="claim.allocated", frozen=True, kw_only=True):
+    stream: ClassVar[str] = CLAIMS_STREAM
+    subject_pattern: ClassVar[str] = "tangram.claim.allocated.{key}"
+
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    devices: list[AllocatedDevice]
+    partitions: list[str] = []  # command ids of the partition commands this allocation waits for
+    config: list[dict[str, Any]] = []  # opaque configs that apply, as in status.allocation.devices.config
+
+
+class ClaimFailed(Event, tag="claim.failed", frozen=True, kw_only=True):
+    stream: ClassVar[str] = CLAIMS_STREAM
+    subject_pattern: ClassVar[str] = "tangram.claim.failed.{key}"
+
+    namespace: str
+    name: str
+    uid: str
+    reason: str
+
+
+class ClaimReleased(Event, tag="claim.released", frozen=True, kw_only=True):
+    """The claim was deleted or deallocated: its devices may be freed."""
+
+    stream: ClassVar[str] = CLAIMS_STREAM
+    subject_pattern: ClassVar[str] = "tangram.claim.released.{key}"
+
+    namespace: str
+    name: str
+    uid: str
+
+
+PartitionAction = Literal["create", "destroy"]
+
+
+class PartitionRequested(Event, tag="partition.requested", frozen=True, kw_only=True):
+    """A command for one node's partitioner. key = node subject token."""
+
+    stream: ClassVar[str] = NODES_STREAM
+    subject_pattern: ClassVar[str] = "tangram.node.{key}.partition.requested"
+
+    command_id: str
+    node: str
+    action: PartitionAction
+    gpu_uuid: str
+    gpu_index: int
+    profile: str
+    profile_id: int
+    placement: MigPlacement
+    claim_uid: str = ""  # the claim the instance is for (create) or was for (destroy)
+    mig_uuid: str = ""  # destroy: the instance to destroy, when known
+
+
+class PartitionApplied(Event, tag="partition.applied", frozen=True, kw_only=True):
+    stream: ClassVar[str] = NODES_STREAM
+    subject_pattern: ClassVar[str] = "tangram.node.{key}.partition.applied"
+
+    command_id: str
+    node: str
+    action: PartitionAction
+    gpu_uuid: str
+    gpu_index: int
+    profile: str
+    placement: MigPlacement
+    claim_uid: str = ""
+    mig_uuid: str = ""
+    gpu_instance_id: int = -1
+    compute_instance_id: int = -1
+    gi_cap_minor: int = -1  # /dev/nvidia-caps/nvidia-cap<N> of the GPU instance
+    ci_cap_minor: int = -1  # ... of the compute instance
+    duration_ms: float = 0.0
+
+
+class PartitionFailed(Event, tag="partition.failed", frozen=True, kw_only=True):
+    stream: ClassVar[str] = NODES_STREAM
+    subject_pattern: ClassVar[str] = "tangram.node.{key}.partition.failed"
+
+    command_id: str
+    node: str
+    action: PartitionAction
+    gpu_uuid: str
+    profile: str
+    placement: MigPlacement
+    claim_uid: str = ""
+    nvml_error: str = ""  # NVML error name: "NVML_ERROR_INSUFFICIENT_RESOURCES"
+    reason: str
+
+
+class PreparedDevice(msgspec.Struct, frozen=True, kw_only=True):
+    request: str
+    pool: str
+    device: str
+    cdi_device_ids: list[str]
+
+
+class ClaimPrepared(Event, tag="claim.prepared", frozen=True, kw_only=True):
+    stream: ClassVar[str] = NODES_STREAM
+    subject_pattern: ClassVar[str] = "tangram.node.{key}.claim.prepared"
+
+    node: str
+    namespace: str
+    name: str
+    uid: str
+    devices: list[PreparedDevice]
+    duration_ms: float = 0.0
+
+
+class ClaimUnprepared(Event, tag="claim.unprepared", frozen=True, kw_only=True):
+    stream: ClassVar[str] = NODES_STREAM
+    subject_pattern: ClassVar[str] = "tangram.node.{key}.claim.unprepared"
+
+    node: str
+    namespace: str
+    name: str
+    uid: str
+
+
+class DeviceHealthChanged(Event, tag="device.health", frozen=True, kw_only=True):
+    stream: ClassVar[str] = NODES_STREAM
+    subject_pattern: ClassVar[str] = "tangram.node.{key}.health"
+
+    node: str
+    gpu_uuid: str
+    healthy: bool
+    reason: str = ""
+    xid: int | None = None
+
+
+class DeadLetter(Event, tag="dead.letter", frozen=True, kw_only=True):
+    """A message a consumer could not handle, kept with the reason and its original bytes."""
+
+    stream: ClassVar[str] = DEADLETTER_STREAM
+    subject_pattern: ClassVar[str] = "tangram.deadletter.{key}"  # key = consumer durable name
+
+    consumer: str
+    original_subject: str
+    original_stream: str
+    original_sequence: int
+    deliveries: int
+    reason: str
+    data: bytes  # base64 in JSON
+    headers: dict[str, str] = {}
+
+
+AnyEvent = (
+    NodeInventory
+    | ClaimRequested
+    | ClaimAllocated
+    | ClaimFailed
+    | ClaimReleased
+    | PartitionRequested
+    | PartitionApplied
+    | PartitionFailed
+    | ClaimPrepared
+    | ClaimUnprepared
+    | DeviceHealthChanged
+    | DeadLetter
+)
+
+EVENT_TYPES: tuple[type[Event], ...] = (
+    NodeInventory,
+    ClaimRequested,
+    ClaimAllocated,
+    ClaimFailed,
+    ClaimReleased,
+    PartitionRequested,
+    PartitionApplied,
+    PartitionFailed,
+    ClaimPrepared,
+    ClaimUnprepared,
+    DeviceHealthChanged,
+    DeadLetter,
+)

@@ -1,0 +1,21 @@
+"""What every service shares: settings, structured logs, health and metrics, graceful shutdown."""
+
+from tangram.service.runner import ServiceContext, ServiceMain, bus_config, run_service, serve
+from tangram.service.settings import (
+    NodeSettings,
+    ServiceSettings,
+    add_service_arguments,
+    service_fields,
+)
+
+__all__ = [
+    "NodeSettings",
+    "ServiceContext",
+    "ServiceMain",
+    "ServiceSettings",
+    "add_service_arguments",
+    "bus_config",
+    "run_service",
+    "serve",
+    "service_fields",
+]

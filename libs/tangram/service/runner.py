@@ -1,0 +1,73 @@
+"""Runs a service: logs, health and metrics, the bus connection, SIGTERM as a graceful stop.
+
+A service is an async function of a ServiceContext. It returns when `ctx.stop` is set. An
+exception escaping it is fatal: the process exits non-zero instead of staying half alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from tangram.bus import Bus, BusConfig
+from tangram.service.health import HealthServer
+from tangram.service.logs import configure_logging
+from tangram.service.settings import ServiceSettings
+
+log = logging.getLogger("tangram.service")
+
+
+@dataclass
+class ServiceContext:
+    name: str
+    bus: Bus
+    stop: asyncio.Event
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+ServiceMain = Callable[[ServiceContext], Awaitable[None]]
+
+
+def bus_config(settings: ServiceSettings, *, name: str, producer: str) -> BusConfig:
+    return BusConfig(
+        servers=settings.nats_urls,
+        name=name,
+        producer=producer,
+        credentials_file=str(settings.nats_credentials) if settings.nats_credentials else None,
+        tls_ca_file=str(settings.nats_tls_ca) if settings.nats_tls_ca else None,
+        tls_cert_file=str(settings.nats_tls_cert) if settings.nats_tls_cert else None,
+        tls_key_file=str(settings.nats_tls_key) if settings.nats_tls_key else None,
+    )
+
+
+async def serve(name: str, producer: str, settings: ServiceSettings, main: ServiceMain) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    ready = asyncio.Event()
+    health = HealthServer(settings.health_host, settings.health_port, ready.is_set)
+    await health.start()
+    log.info("service starting", extra={"health_port": health.port, "nats": list(settings.nats_urls)})
+    bus = await Bus.connect(bus_config(settings, name=name, producer=producer))
+    try:
+        await bus.ensure_streams()
+        await main(ServiceContext(name=name, bus=bus, stop=stop, ready=ready))
+        log.info("service stopped")
+        return 0
+    except Exception:
+        log.exception("fatal error, exiting")
+        return 1
+    finally:
+        with contextlib.suppress(Exception):
+            await bus.close()
+        await health.stop()
+
+
+def run_service(name: str, producer: str, settings: ServiceSettings, main: ServiceMain) -> int:
+    configure_logging(name, settings.log_level)
+    return asyncio.run(serve(name, producer, settings, main))

@@ -1,0 +1,196 @@
+"""The bus against a real nats-server: de-duplication, redelivery, dead letters, replay, restarts."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from tangram.bus import Bus, BusConfig, ConsumerSpec, Poison
+from tangram.events import (
+    CLAIMS_STREAM,
+    DEADLETTER_STREAM,
+    ClaimFailed,
+    ClaimRequested,
+    DeadLetter,
+    Event,
+)
+from tangram.natsserver import NatsServer
+
+
+def claim(n: int) -> ClaimRequested:
+    uid = f"uid-{n:04d}"
+    return ClaimRequested(key=uid, namespace="team-a", name=f"claim-{n}", uid=uid, spec={"devices": {}})
+
+
+CLAIMS_CONSUMER = ConsumerSpec(
+    durable="test-claims",
+    stream=CLAIMS_STREAM,
+    filter_subjects=("tangram.claim.requested.>",),
+    max_deliver=3,
+    backoff_s=(0.05,),
+    ack_wait_s=5.0,
+)
+
+
+async def collect(bus: Bus, stream: str, **kwargs: object) -> list[tuple[int, Event]]:
+    return [item async for item in bus.replay(stream, **kwargs)]  # type: ignore[arg-type]
+
+
+async def run_consumer(
+    bus: Bus, spec: ConsumerSpec, handler: Callable[[Event], Awaitable[None]], until: Callable[[], bool]
+) -> None:
+    """Consume until `until()` holds; the condition is checked on every handled message."""
+    stop = asyncio.Event()
+    done = asyncio.Event()
+
+    async def wrapped(event: Event) -> None:
+        try:
+            await handler(event)
+        finally:
+            if until():
+                done.set()
+
+    task = asyncio.create_task(bus.consume(spec, wrapped, stop=stop))
+    try:
+        await asyncio.wait_for(done.wait(), 30)
+    finally:
+        stop.set()
+        await task
+
+
+async def test_duplicate_publish_is_stored_once(bus: Bus) -> None:
+    event = claim(1)
+    first = await bus.publish(event)
+    second = await bus.publish(event)
+    assert not first.duplicate
+    assert second.duplicate
+    assert second.seq == first.seq
+    stored = await collect(bus, CLAIMS_STREAM)
+    assert [seq for seq, _ in stored] == [1]
+
+
+async def test_failing_handler_is_redelivered_then_succeeds(bus: Bus) -> None:
+    await bus.publish(claim(1))
+    attempts: list[str] = []
+
+    async def flaky(event: Event) -> None:
+        attempts.append(event.event_id)
+        if len(attempts) < 3:
+            raise RuntimeError("transient")
+
+    await run_consumer(bus, CLAIMS_CONSUMER, flaky, until=lambda: len(attempts) >= 3)
+    assert len(attempts) == 3 and len(set(attempts)) == 1
+    assert await collect(bus, DEADLETTER_STREAM) == []
+
+
+async def test_poison_and_garbage_go_to_dead_letter_and_consumer_continues(bus: Bus) -> None:
+    await bus.publish(claim(1))
+    await bus.jetstream.publish("tangram.claim.requested.garbage", b"{not json", stream=CLAIMS_STREAM)
+    await bus.publish(claim(2))
+    await bus.publish(claim(3))
+    handled: list[str] = []
+
+    async def handler(event: Event) -> None:
+        assert isinstance(event, ClaimRequested)
+        if event.uid == "uid-0002":
+            raise Poison("claim 2 can never be decided")
+        handled.append(event.uid)
+
+    await run_consumer(bus, CLAIMS_CONSUMER, handler, until=lambda: "uid-0003" in handled)
+    assert handled == ["uid-0001", "uid-0003"]
+    letters = [event for _, event in await collect(bus, DEADLETTER_STREAM)]
+    assert all(isinstance(letter, DeadLetter) for letter in letters)
+    by_seq = {letter.original_sequence: letter for letter in letters if isinstance(letter, DeadLetter)}
+    assert sorted(by_seq) == [2, 3]
+    assert by_seq[2].data == b"{not json"
+    assert by_seq[2].reason.startswith("undecodable event:")
+    assert by_seq[3].reason == "poison: claim 2 can never be decided"
+    assert by_seq[3].consumer == "test-claims"
+    assert msgspec.json.decode(by_seq[3].data)["uid"] == "uid-0002"
+
+
+async def test_exhausted_redeliveries_go_to_dead_letter(bus: Bus) -> None:
+    await bus.publish(claim(1))
+    await bus.publish(claim(2))
+    seen: list[str] = []
+
+    async def always_fails_on_1(event: Event) -> None:
+        assert isinstance(event, ClaimRequested)
+        seen.append(event.uid)
+        if event.uid == "uid-0001":
+            raise ValueError("broken")
+
+    await run_consumer(bus, CLAIMS_CONSUMER, always_fails_on_1, until=lambda: seen.count("uid-0001") >= 3)
+    letters = [event for _, event in await collect(bus, DEADLETTER_STREAM)]
+    assert len(letters) == 1
+    letter = letters[0]
+    assert isinstance(letter, DeadLetter)
+    assert letter.deliveries == 3
+    assert letter.reason == "failed 3 times, last: ValueError: broken"
+    assert "uid-0002" in seen
+
+
+async def test_replay_from_sequence_is_ordered_and_repeatable(bus: Bus) -> None:
+    events = [claim(n) for n in range(20)]
+    await bus.publish_batch(events)
+    first = await collect(bus, CLAIMS_STREAM, start_seq=7)
+    second = await collect(bus, CLAIMS_STREAM, start_seq=7)
+    assert [seq for seq, _ in first] == list(range(7, 21))
+    assert [e.event_id for _, e in first] == [e.event_id for e in events[6:]]
+    assert first == second
+
+
+async def test_replay_filters_subjects_and_starts_from_time(bus: Bus) -> None:
+    await bus.publish(claim(1))
+    failed = ClaimFailed(key="uid-0001", namespace="team-a", name="claim-1", uid="uid-0001", reason="no GPUs")
+    await bus.publish(failed)
+    only_failed = await collect(bus, CLAIMS_STREAM, subjects=["tangram.claim.failed.>"])
+    assert [e for _, e in only_failed] == [failed]
+    from_time = await collect(bus, CLAIMS_STREAM, start_time=failed.time)
+    assert [e.event_id for _, e in from_time] == [failed.event_id]
+
+
+async def test_replay_of_empty_stream_yields_nothing(bus: Bus) -> None:
+    assert await collect(bus, CLAIMS_STREAM) == []
+    await bus.publish(claim(1))
+    assert await collect(bus, CLAIMS_STREAM, start_seq=2) == []
+
+
+async def test_server_restart_loses_no_acknowledged_event_and_client_resumes(tmp_path: Path) -> None:
+    server = NatsServer(tmp_path / "store").start()
+    bus = await Bus.connect(BusConfig(servers=(server.url,), name="t", producer="t", publish_retry_s=30), wait_s=5)
+    try:
+        await bus.ensure_streams()
+        acked = [claim(n) for n in range(10)]
+        await bus.publish_batch(acked)
+        server.kill()
+        restart = NatsServer(tmp_path / "store", port=server.port)
+
+        async def restart_later() -> None:
+            await asyncio.sleep(0.3)
+            await asyncio.to_thread(restart.start)
+
+        restarting = asyncio.create_task(restart_later())
+        late = claim(99)
+        ack = await bus.publish(late)  # retried through the outage by the client itself
+        await restarting
+        assert ack.seq == 11
+        stored = [e.event_id for _, e in await collect(bus, CLAIMS_STREAM)]
+        assert stored == [e.event_id for e in acked] + [late.event_id]
+    finally:
+        await bus.close()
+        server.stop()
+        restart.stop()
+
+
+@pytest.mark.parametrize("streams", [2])
+async def test_ensure_streams_is_idempotent(bus: Bus, streams: int) -> None:
+    for _ in range(streams):
+        await bus.ensure_streams()
+    info = await bus.jetstream.stream_info("TANGRAM_INVENTORY")
+    assert info.config.max_msgs_per_subject == 1
+    assert info.config.subjects == ["tangram.inventory.>"]
