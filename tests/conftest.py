@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-
 from tangram.bus import Bus, BusConfig
 from tangram.natsserver import NatsServer
 

@@ -115,7 +115,9 @@ class NatsServer:
                 )
             if time.monotonic() > deadline:
                 self._terminate()
-                raise NatsServerError(f"nats-server not ready after {self.startup_timeout}s: {self._log[-5:]}")
+                raise NatsServerError(
+                    f"nats-server not ready after {self.startup_timeout}s: {self._log[-5:]}"
+                )
         return self
 
     def _read_output(self) -> None:

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import msgspec
 import pytest
-
 from tangram.bus import Bus, BusConfig, ConsumerSpec, Poison
 from tangram.events import (
     CLAIMS_STREAM,
@@ -162,7 +161,9 @@ async def test_replay_of_empty_stream_yields_nothing(bus: Bus) -> None:
 
 async def test_server_restart_loses_no_acknowledged_event_and_client_resumes(tmp_path: Path) -> None:
     server = NatsServer(tmp_path / "store").start()
-    bus = await Bus.connect(BusConfig(servers=(server.url,), name="t", producer="t", publish_retry_s=30), wait_s=5)
+    bus = await Bus.connect(
+        BusConfig(servers=(server.url,), name="t", producer="t", publish_retry_s=30), wait_s=5
+    )
     try:
         await bus.ensure_streams()
         acked = [claim(n) for n in range(10)]

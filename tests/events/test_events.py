@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jsonschema
 import msgspec
 import pytest
-
 from tangram.bus import Bus
 from tangram.cli import main as cli_main
 from tangram.events import (
@@ -129,7 +129,6 @@ def test_published_schema_document_is_in_step_with_the_code(capsys: pytest.Captu
 
 
 def test_payload_validates_against_its_generated_schema() -> None:
-    import jsonschema
     document = asyncapi_document()
     schemas = document["components"]["schemas"]
     for event in every_event():

@@ -137,7 +137,9 @@ class Bus:
             except (nats.errors.NoServersError, OSError, nats.errors.TimeoutError) as exc:
                 if deadline is not None and time.monotonic() > deadline:
                     raise BusError(f"cannot connect to NATS at {', '.join(config.servers)}: {exc}") from exc
-                log.warning("nats not reachable, retrying", extra={"servers": config.servers, "error": str(exc)})
+                log.warning(
+                    "nats not reachable, retrying", extra={"servers": config.servers, "error": str(exc)}
+                )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
@@ -166,19 +168,24 @@ class Bus:
 
     async def ensure_streams(self, streams: Sequence[StreamSpec] = STREAMS) -> None:
         for spec in streams:
-            config = _stream_config(spec)
-            try:
-                await self._api(lambda: self._js.stream_info(spec.name), f"stream info {spec.name}", retry_s=10)
-            except BusError as exc:
-                if not isinstance(exc.__cause__, nats.js.errors.NotFoundError):
-                    raise
-                await self._api(lambda: self._js.add_stream(config), f"create stream {spec.name}", retry_s=10)
-            else:
-                await self._api(lambda: self._js.update_stream(config), f"update stream {spec.name}", retry_s=10)
+            await self._ensure_stream(spec)
+
+    async def _ensure_stream(self, spec: StreamSpec) -> None:
+        config = _stream_config(spec)
+        try:
+            await self._api(lambda: self._js.stream_info(spec.name), f"stream info {spec.name}", retry_s=10)
+        except BusError as exc:
+            if not isinstance(exc.__cause__, nats.js.errors.NotFoundError):
+                raise
+            await self._api(lambda: self._js.add_stream(config), f"create stream {spec.name}", retry_s=10)
+        else:
+            await self._api(lambda: self._js.update_stream(config), f"update stream {spec.name}", retry_s=10)
 
     async def ensure_consumer(self, spec: ConsumerSpec) -> None:
         config = _consumer_config(spec)
-        await self._api(lambda: self._js.add_consumer(spec.stream, config), f"consumer {spec.durable}", retry_s=10)
+        await self._api(
+            lambda: self._js.add_consumer(spec.stream, config), f"consumer {spec.durable}", retry_s=10
+        )
 
     async def publish(self, event: Event) -> PubAck:
         """Publish and wait for the stream's ack. The event id is the Nats-Msg-Id, so retries store once."""
@@ -292,31 +299,37 @@ class Bus:
         )
         if ready is not None:
             ready.set()
+        watch = _SlowWatch(interval_s=max(spec.ack_wait_s / 3, 0.5))
+        heartbeat = asyncio.create_task(watch.run())
         try:
             while not stop.is_set():
                 try:
                     msgs = await sub.fetch(batch, timeout=0.5)
-                except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                except (nats.errors.TimeoutError, TimeoutError):
                     continue
                 except (nats.errors.Error, nats.js.errors.Error) as exc:
                     log.warning("fetch failed, retrying", extra={"consumer": spec.durable, "error": str(exc)})
                     await _sleep_or_stop(stop, 0.5)
                     continue
                 for msg in msgs:
-                    await self._handle(spec, msg, handler)
+                    await self._handle(spec, msg, handler, watch)
         finally:
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
-    async def _handle(self, spec: ConsumerSpec, msg: Msg, handler: Handler) -> None:
+    async def _handle(self, spec: ConsumerSpec, msg: Msg, handler: Handler, watch: _SlowWatch) -> None:
         try:
             event = decode(msg.data)
         except EventDecodeError as exc:
             await self._dead_letter(spec, msg, f"undecodable event: {exc}")
             return
         started = time.perf_counter()
+        watch.current = (msg, started)
         try:
-            await self._with_heartbeat(spec, msg, handler(event))
+            await handler(event)
         except Poison as exc:
             await self._dead_letter(spec, msg, f"poison: {exc}")
         except Exception as exc:
@@ -340,19 +353,8 @@ class Bus:
             with contextlib.suppress(nats.errors.Error):
                 await msg.ack()
         finally:
+            watch.current = None
             HANDLE_SECONDS.labels(spec.durable).observe(time.perf_counter() - started)
-
-    async def _with_heartbeat(self, spec: ConsumerSpec, msg: Msg, work: Awaitable[None]) -> None:
-        """Tell the server we are still on it (in_progress) while a slow handler runs."""
-        task = asyncio.ensure_future(work)
-        interval = max(spec.ack_wait_s / 3, 0.5)
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=interval)
-            if done:
-                task.result()
-                return
-            with contextlib.suppress(nats.errors.Error):
-                await msg.in_progress()
 
     async def _dead_letter(self, spec: ConsumerSpec, msg: Msg, reason: str) -> None:
         meta = msg.metadata
@@ -392,6 +394,22 @@ class Bus:
             await self._nc.close()
 
 
+class _SlowWatch:
+    """Tells the server a slow handler is still working (in_progress), so it is not redelivered."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self.current: tuple[Msg, float] | None = None
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            current = self.current
+            if current is not None and time.perf_counter() - current[1] >= self.interval_s:
+                with contextlib.suppress(nats.errors.Error):
+                    await current[0].in_progress()
+
+
 def _count_ack(event: Event, ack: PubAck) -> None:
     if ack.duplicate:
         DUPLICATES.labels(event.type_name()).inc()
@@ -409,7 +427,7 @@ async def _log_error(exc: Exception) -> None:
 
 
 async def _log_disconnected() -> None:
-    log.warning("nats disconnected")
+    log.info("nats disconnected")
 
 
 async def _log_reconnected() -> None:

@@ -7,7 +7,7 @@ class BusError(RuntimeError):
     """Any failure talking to NATS, converted once at the choke point."""
 
 
-class Retry(Exception):  # noqa: N818 - an instruction, not an error condition
+class Retry(Exception):
     """Transient failure: redeliver after `delay` seconds (or the consumer's backoff)."""
 
     def __init__(self, reason: str, delay: float | None = None) -> None:
@@ -15,5 +15,5 @@ class Retry(Exception):  # noqa: N818 - an instruction, not an error condition
         self.delay = delay
 
 
-class Poison(Exception):  # noqa: N818
+class Poison(Exception):
     """The message can never be handled: terminate it and keep it in the dead letter."""

@@ -15,13 +15,15 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
-    for name, (module_name, help_text) in BENCHMARKS.items():
-        bench_parser = sub.add_parser(name, help=help_text, description=help_text)
-        importlib.import_module(module_name).add_arguments(bench_parser)
+    parser.add_argument("benchmark", choices=sorted(BENCHMARKS), help="which benchmark to run")
+    parser.add_argument("options", nargs=argparse.REMAINDER, help="the benchmark's own options")
 
 
 def run(args: argparse.Namespace) -> int:
-    module = importlib.import_module(BENCHMARKS[args.benchmark][0])
-    result: int = module.run(args)
+    module_name, help_text = BENCHMARKS[args.benchmark]
+    # Import only the benchmark asked for: each pulls in its own dependencies.
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"tangram bench {args.benchmark}", description=help_text)
+    module.add_arguments(parser)
+    result: int = module.run(parser.parse_args(args.options))
     return result

@@ -84,7 +84,8 @@ class GpuLink(msgspec.Struct, frozen=True, kw_only=True):
     b: int
     nvlinks: int  # NVLink links between the pair (switch-attached links count: NV18 on HGX)
     bandwidth_gbps: float  # NVLink bandwidth between the pair, 0 when none
-    pcie_level: int  # NVML topology level: 0 INTERNAL, 10 SINGLE, 20 MULTIPLE, 30 HOSTBRIDGE, 40 NODE, 50 SYSTEM
+    # NVML topology level: 0 INTERNAL, 10 SINGLE, 20 MULTIPLE, 30 HOSTBRIDGE, 40 NODE, 50 SYSTEM
+    pcie_level: int
     p2p: bool = True
 
 

@@ -67,7 +67,9 @@ def add_service_arguments(parser: argparse.ArgumentParser, *, node: bool = False
     parser.add_argument("--log-level", default=_env("LOG_LEVEL", "info"))
     if node:
         parser.add_argument(
-            "--node-name", default=_env("NODE_NAME"), help="this node's Kubernetes name (env TANGRAM_NODE_NAME)"
+            "--node-name",
+            default=_env("NODE_NAME"),
+            help="this node's Kubernetes name (env TANGRAM_NODE_NAME)",
         )
 
 
