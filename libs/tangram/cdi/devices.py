@@ -1,0 +1,41 @@
+"""What a prepared claim is made of: its devices, resolved down to device files and UUIDs."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class ClaimRef(msgspec.Struct, frozen=True, kw_only=True):
+    """A claim as kubelet names it."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+class ResolvedDevice(msgspec.Struct, frozen=True, kw_only=True):
+    """One allocated device, with everything needed to expose it to a container."""
+
+    request: str  # "<request>" or "<request>/<subrequest>"
+    pool: str
+    device: str  # ResourceSlice device name
+    gpu_index: int
+    gpu_uuid: str
+    gpu_minor: int  # /dev/nvidia<minor> of the (parent) GPU
+    mig_uuid: str = ""  # empty for a whole GPU
+    profile: str = ""  # MIG profile name, empty for a whole GPU
+    gi_cap_minor: int = -1  # /dev/nvidia-caps/nvidia-cap<N> of the GPU instance
+    ci_cap_minor: int = -1  # ... of the compute instance
+
+    @property
+    def is_mig(self) -> bool:
+        return bool(self.mig_uuid)
+
+    @property
+    def visible_uuid(self) -> str:
+        return self.mig_uuid or self.gpu_uuid
+
+
+class ResolvedAllocation(msgspec.Struct, frozen=True, kw_only=True):
+    claim: ClaimRef
+    devices: list[ResolvedDevice]

@@ -1,0 +1,124 @@
+"""Builds the CDI spec of one prepared claim. Pure: no file access."""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+from typing import Any
+
+import msgspec
+
+from tangram.cdi.devices import ResolvedAllocation, ResolvedDevice
+from tangram.cdi.names import validate_cdi_kind, validate_claim_uid, validate_device_name
+from tangram.cdi.versions import minimum_version
+
+HOST_ROOT = PurePosixPath("/")
+# Device files every CUDA process needs besides the GPU's own.
+CONTROL_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+
+class CdiKind(msgspec.Struct, frozen=True, kw_only=True):
+    vendor: str  # the driver name, e.g. gpu.tangram.dev
+    cls: str = "claim"
+
+    def __post_init__(self) -> None:
+        validate_cdi_kind(f"{self.vendor}/{self.cls}")
+
+    @property
+    def kind(self) -> str:
+        return f"{self.vendor}/{self.cls}"
+
+    def annotation(self, name: str) -> str:
+        return f"{self.vendor}/{name}"
+
+
+def cdi_device_name(claim_uid: str, device: str) -> str:
+    return f"{validate_claim_uid(claim_uid)}-{validate_device_name(device)}"
+
+
+def cdi_device_id(kind: CdiKind, claim_uid: str, device: str) -> str:
+    return f"{kind.kind}={cdi_device_name(claim_uid, device)}"
+
+
+def spec_file_name(kind: CdiKind, claim_uid: str) -> str:
+    """One file per claim; the kind prefix lets Tangram find its own files among other vendors'."""
+    return f"{spec_file_prefix(kind)}{validate_claim_uid(claim_uid)}.json"
+
+
+def spec_file_prefix(kind: CdiKind) -> str:
+    return f"{kind.vendor}-{kind.cls}_"
+
+
+def _device_node(container_path: str, driver_root: PurePosixPath) -> dict[str, str]:
+    node = {"path": container_path}
+    if driver_root != HOST_ROOT:
+        # The host's /dev lives elsewhere (a driver container's root); the container still sees /dev.
+        node["hostPath"] = str(driver_root / container_path.lstrip("/"))
+    return node
+
+
+def _device_paths(device: ResolvedDevice) -> list[str]:
+    paths = [f"/dev/nvidia{device.gpu_minor}"]
+    if device.is_mig:
+        if device.gi_cap_minor < 0 or device.ci_cap_minor < 0:
+            raise ValueError(f"MIG device {device.device} has no capability device minors")
+        paths.append(f"/dev/nvidia-caps/nvidia-cap{device.gi_cap_minor}")
+        paths.append(f"/dev/nvidia-caps/nvidia-cap{device.ci_cap_minor}")
+    return paths
+
+
+ALLOCATION_ANNOTATION = "allocation"
+CLAIM_UID_ANNOTATION = "claim-uid"
+CLAIM_ANNOTATION = "claim"
+
+
+def build_spec(
+    allocation: ResolvedAllocation, *, kind: CdiKind, driver_root: PurePosixPath = HOST_ROOT
+) -> dict[str, Any]:
+    """The CDI spec of one claim: one CDI device per allocated device, common edits at spec level.
+
+    NVIDIA_VISIBLE_DEVICES lists every device of the claim at spec level because CDI applies an env
+    edit per injected device and the last one would win; a list per device cannot express a set.
+    The resolved allocation is kept as an annotation so the spec alone suffices to rebuild state.
+    """
+    uid = validate_claim_uid(allocation.claim.uid)
+    if not allocation.devices:
+        raise ValueError(f"claim {uid} has no devices to prepare")
+    devices = [
+        {
+            "name": cdi_device_name(uid, device.device),
+            "containerEdits": {
+                "deviceNodes": [_device_node(path, driver_root) for path in _device_paths(device)]
+            },
+        }
+        for device in allocation.devices
+    ]
+    visible = ",".join(dict.fromkeys(device.visible_uuid for device in allocation.devices))
+    spec: dict[str, Any] = {
+        "cdiVersion": "",
+        "kind": kind.kind,
+        "annotations": {
+            kind.annotation(CLAIM_UID_ANNOTATION): uid,
+            kind.annotation(CLAIM_ANNOTATION): f"{allocation.claim.namespace}/{allocation.claim.name}",
+            kind.annotation(ALLOCATION_ANNOTATION): msgspec.json.encode(allocation).decode(),
+        },
+        "devices": devices,
+        "containerEdits": {
+            "env": [f"NVIDIA_VISIBLE_DEVICES={visible}"],
+            "deviceNodes": [_device_node(path, driver_root) for path in CONTROL_DEVICE_NODES],
+        },
+    }
+    spec["cdiVersion"] = minimum_version(spec)
+    return spec
+
+
+def allocation_from_spec(spec: dict[str, Any], *, kind: CdiKind) -> ResolvedAllocation:
+    """Inverse of `build_spec` for recovery; raises ValueError on a spec Tangram did not write."""
+    if spec.get("kind") != kind.kind:
+        raise ValueError(f"spec kind {spec.get('kind')!r} is not {kind.kind!r}")
+    raw = (spec.get("annotations") or {}).get(kind.annotation(ALLOCATION_ANNOTATION))
+    if not isinstance(raw, str):
+        raise ValueError("spec has no allocation annotation")
+    try:
+        return msgspec.json.decode(raw, type=ResolvedAllocation)
+    except msgspec.DecodeError as error:
+        raise ValueError(f"allocation annotation is unreadable: {error}") from error

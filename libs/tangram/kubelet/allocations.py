@@ -1,0 +1,154 @@
+"""Where the plugin learns what a claim was allocated: one interface, fed here from events."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+import msgspec
+
+from tangram.cdi.devices import ClaimRef, ResolvedAllocation, ResolvedDevice
+from tangram.events import (
+    AllocatedDevice,
+    ClaimAllocated,
+    ClaimFailed,
+    ClaimReleased,
+    Event,
+    GpuInfo,
+    NodeInventory,
+    PartitionApplied,
+    PartitionFailed,
+)
+
+
+class AllocationUnavailable(Exception):
+    """The claim cannot be prepared now; the message says why and goes back to kubelet."""
+
+
+class AllocationSource(Protocol):
+    async def resolve(self, claim: ClaimRef, *, timeout_s: float) -> ResolvedAllocation:
+        """The claim's allocation on this node, waiting at most `timeout_s` for a MIG instance.
+
+        Raises AllocationUnavailable when it fails or does not become ready in time.
+        """
+        ...
+
+
+_InstanceKey = tuple[str, int, int]  # (parent GPU uuid, placement start, placement size)
+
+
+class _Pending(Exception):
+    """Not ready yet: the message says what is awaited."""
+
+
+class InMemoryAllocationSource:
+    """Folds inventory, allocation and partition events of one node; resolves claims from them."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self._gpus_by_index: dict[int, GpuInfo] = {}
+        self._gpus_by_uuid: dict[str, GpuInfo] = {}
+        self._allocations: dict[str, ClaimAllocated] = {}
+        self._claim_failures: dict[str, str] = {}
+        self._instances: dict[_InstanceKey, PartitionApplied] = {}
+        self._partition_failures: dict[str, PartitionFailed] = {}  # by command id
+        self._changed = asyncio.Event()
+
+    def observe(self, event: Event) -> None:
+        match event:
+            case NodeInventory(hardware=hardware) if hardware.node == self.node:
+                self._gpus_by_index = {gpu.index: gpu for gpu in hardware.gpus}
+                self._gpus_by_uuid = {gpu.uuid: gpu for gpu in hardware.gpus}
+            case ClaimAllocated(node=node, uid=uid) if node == self.node:
+                self._allocations[uid] = event
+                self._claim_failures.pop(uid, None)
+                for command_id in [c for c, f in self._partition_failures.items() if f.claim_uid == uid]:
+                    if command_id not in event.partitions:
+                        del self._partition_failures[command_id]
+            case ClaimFailed(uid=uid, reason=reason):
+                self._allocations.pop(uid, None)
+                self._claim_failures[uid] = reason
+            case ClaimReleased(uid=uid):
+                self._allocations.pop(uid, None)
+                self._claim_failures.pop(uid, None)
+            case PartitionApplied(node=node) if node == self.node:
+                key = (event.gpu_uuid, event.placement.start, event.placement.size)
+                if event.action == "create":
+                    self._instances[key] = event
+                else:
+                    self._instances.pop(key, None)
+            case PartitionFailed(node=node) if node == self.node and event.action == "create":
+                self._partition_failures[event.command_id] = event
+            case _:
+                return
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def resolve(self, claim: ClaimRef, *, timeout_s: float) -> ResolvedAllocation:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            changed = self._changed
+            try:
+                return self._resolve_now(claim)
+            except _Pending as pending:
+                waiting_for = str(pending)
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise AllocationUnavailable(f"timed out after {timeout_s:g} s {waiting_for}")
+            try:
+                await asyncio.wait_for(changed.wait(), remaining)
+            except TimeoutError:
+                continue
+
+    def _resolve_now(self, claim: ClaimRef) -> ResolvedAllocation:
+        if claim.uid in self._claim_failures:
+            raise AllocationUnavailable(f"claim allocation failed: {self._claim_failures[claim.uid]}")
+        allocation = self._allocations.get(claim.uid)
+        if allocation is None:
+            raise _Pending(f"waiting for the allocation of claim {claim.uid} on node {self.node}")
+        for failure in self._partition_failures.values():
+            if failure.command_id in allocation.partitions or failure.claim_uid == claim.uid:
+                detail = f" ({failure.nvml_error})" if failure.nvml_error else ""
+                raise AllocationUnavailable(
+                    f"MIG instance {failure.profile} at slices {failure.placement.start}"
+                    f"+{failure.placement.size} of GPU {failure.gpu_uuid} could not be created: "
+                    f"{failure.reason}{detail}"
+                )
+        return ResolvedAllocation(
+            claim=claim, devices=[self._resolve_device(device) for device in allocation.devices]
+        )
+
+    def _resolve_device(self, device: AllocatedDevice) -> ResolvedDevice:
+        gpu = self._gpus_by_uuid.get(device.gpu_uuid) or self._gpus_by_index.get(device.gpu_index)
+        if gpu is None or gpu.uuid != device.gpu_uuid:
+            raise _Pending(f"waiting for GPU {device.gpu_uuid} in the inventory of node {self.node}")
+        whole_gpu = ResolvedDevice(
+            request=device.request,
+            pool=device.pool,
+            device=device.device,
+            gpu_index=gpu.index,
+            gpu_uuid=gpu.uuid,
+            gpu_minor=gpu.minor,
+        )
+        if device.placement is None:
+            return whole_gpu
+        placement = device.placement
+        instance = self._instances.get((gpu.uuid, placement.start, placement.size))
+        if instance is None:
+            raise _Pending(
+                f"waiting for MIG instance {device.profile} at slices {placement.start}+{placement.size} "
+                f"of GPU {gpu.uuid}"
+            )
+        if not instance.mig_uuid or instance.gi_cap_minor < 0 or instance.ci_cap_minor < 0:
+            raise AllocationUnavailable(
+                f"MIG instance at slices {placement.start}+{placement.size} of GPU {gpu.uuid} was reported "
+                "without its UUID or capability device minors"
+            )
+        return msgspec.structs.replace(
+            whole_gpu,
+            mig_uuid=instance.mig_uuid,
+            profile=device.profile or instance.profile,
+            gi_cap_minor=instance.gi_cap_minor,
+            ci_cap_minor=instance.ci_cap_minor,
+        )

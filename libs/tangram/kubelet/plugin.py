@@ -1,0 +1,40 @@
+"""Assembles the plugin from its configuration: CDI writer, checkpoint, preparer and servers."""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+from tangram.cdi.checkpoint import CheckpointStore, read_boot_id
+from tangram.cdi.spec import CdiKind
+from tangram.cdi.writer import CdiSpecWriter
+from tangram.kubelet.allocations import AllocationSource
+from tangram.kubelet.config import PluginConfig
+from tangram.kubelet.preparer import ClaimPreparer, EventSink
+from tangram.kubelet.server import KubeletPlugin
+
+
+async def build_plugin(
+    config: PluginConfig,
+    source: AllocationSource,
+    *,
+    on_event: EventSink | None = None,
+    producer: str = "cdi",
+) -> KubeletPlugin:
+    """A plugin whose prepared state is recovered and ready; call `start()` (or `async with`) to serve."""
+    writer = CdiSpecWriter(
+        config.cdi_dir,
+        kind=CdiKind(vendor=config.driver_name, cls=config.cdi_class),
+        driver_root=PurePosixPath(config.driver_root),
+    )
+    checkpoint = CheckpointStore(config.checkpoint_file, boot_id=read_boot_id(config.boot_id_path))
+    preparer = ClaimPreparer(
+        node=config.node_name,
+        source=source,
+        writer=writer,
+        checkpoint=checkpoint,
+        resolve_timeout_s=config.resolve_timeout_s,
+        on_event=on_event,
+        producer=producer,
+    )
+    await preparer.recover()
+    return KubeletPlugin(config, preparer)

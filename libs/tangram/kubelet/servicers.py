@@ -1,0 +1,95 @@
+"""gRPC servicers: translate kubelet's protobuf messages to and from the ClaimPreparer."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from tangram.cdi.devices import ClaimRef
+from tangram.kubelet.preparer import ClaimPreparer
+from tangram.kubelet.proto import dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_pb2
+
+log = logging.getLogger(__name__)
+
+DRA_PLUGIN_TYPE = "DRAPlugin"
+# Kubelet picks the newest service it knows from this list and calls it on the endpoint.
+SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+
+
+class DraServicer:
+    """Serves one version of k8s.io.kubelet.pkg.apis.dra.<version>.DRAPlugin; v1 and v1beta1 share it."""
+
+    def __init__(self, preparer: ClaimPreparer, messages: ModuleType) -> None:
+        self._preparer = preparer
+        self._messages = messages
+
+    @staticmethod
+    def _claims(request: Any) -> list[ClaimRef]:
+        return [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in request.claims]
+
+    async def NodePrepareResources(self, request: Any, context: Any) -> Any:
+        outcomes = await self._preparer.prepare(self._claims(request))
+        response = self._messages.NodePrepareResourcesResponse()
+        for uid, outcome in outcomes.items():
+            answer = response.claims[uid]
+            if outcome.error:
+                answer.error = outcome.error
+                continue
+            for device in outcome.devices:
+                answer.devices.add(
+                    request_names=[device.request],
+                    pool_name=device.pool,
+                    device_name=device.device,
+                    cdi_device_ids=device.cdi_device_ids,
+                )
+        return response
+
+    async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+        errors = await self._preparer.unprepare(self._claims(request))
+        response = self._messages.NodeUnprepareResourcesResponse()
+        for uid, error in errors.items():
+            response.claims[uid].error = error
+        return response
+
+
+def dra_servicers(preparer: ClaimPreparer) -> dict[str, DraServicer]:
+    return {
+        "v1": DraServicer(preparer, dra_v1_pb2),
+        "v1beta1": DraServicer(preparer, dra_v1beta1_pb2),
+    }
+
+
+@dataclass
+class RegistrationState:
+    """What kubelet last said about the registration (NotifyRegistrationStatus)."""
+
+    notifications: int = 0
+    registered: bool = False
+    error: str = ""
+
+
+class RegistrationServicer:
+    def __init__(self, *, driver_name: str, endpoint: str, state: RegistrationState) -> None:
+        self._driver_name = driver_name
+        self._endpoint = endpoint
+        self.state = state
+
+    async def GetInfo(self, request: Any, context: Any) -> Any:
+        return pluginregistration_pb2.PluginInfo(
+            type=DRA_PLUGIN_TYPE,
+            name=self._driver_name,
+            endpoint=self._endpoint,
+            supported_versions=list(SUPPORTED_VERSIONS),
+        )
+
+    async def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:
+        self.state.notifications += 1
+        self.state.registered = bool(request.plugin_registered)
+        self.state.error = request.error
+        if request.plugin_registered:
+            log.info("kubelet registered DRA driver %s", self._driver_name)
+        else:
+            log.error("kubelet refused DRA driver %s: %s", self._driver_name, request.error)
+        return pluginregistration_pb2.RegistrationStatusResponse()

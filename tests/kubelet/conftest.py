@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tangram.kubelet import ClaimEvent, InMemoryAllocationSource, KubeletPlugin, PluginConfig, build_plugin
+
+from tests.kubelet.fakes import NODE, TestKubelet, inventory
+
+
+@pytest.fixture
+def kubelet_root() -> Iterator[Path]:
+    # unix socket paths must stay under 108 bytes: pytest's tmp_path is too deep for them.
+    root = Path(tempfile.mkdtemp(prefix="tk-", dir="/tmp"))
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@dataclass
+class PluginHarness:
+    config: PluginConfig
+    source: InMemoryAllocationSource
+    kubelet: TestKubelet
+    plugin: KubeletPlugin | None = None
+    events: list[ClaimEvent] = field(default_factory=list)
+
+    @property
+    def endpoint(self) -> str:
+        return str(self.config.dra_socket)
+
+    async def record(self, event: ClaimEvent) -> None:
+        self.events.append(event)
+
+    async def start(self, source: InMemoryAllocationSource | None = None) -> KubeletPlugin:
+        if source is not None:
+            self.source = source
+        self.plugin = await build_plugin(self.config, self.source, on_event=self.record)
+        await self.plugin.start()
+        return self.plugin
+
+    async def stop(self) -> None:
+        if self.plugin is not None:
+            await self.plugin.stop()
+            self.plugin = None
+
+    def spec_path(self, uid: str) -> Path:
+        return self.config.cdi_dir / f"gpu.tangram.dev-claim_{uid}.json"
+
+
+@pytest.fixture
+def make_config(kubelet_root: Path, tmp_path: Path) -> Any:
+    boot_id = tmp_path / "boot_id"
+    boot_id.write_text("3f0c6d2e-boot-one\n")
+
+    def make(**overrides: Any) -> PluginConfig:
+        settings: dict[str, Any] = {
+            "node_name": NODE,
+            "kubelet_root": kubelet_root,
+            "cdi_dir": tmp_path / "cdi",
+            "boot_id_path": boot_id,
+            "resolve_timeout_s": 10.0,
+            "registration_check_interval_s": 0.02,
+        }
+        settings.update(overrides)
+        return PluginConfig(**settings)
+
+    return make
+
+
+@pytest.fixture
+async def harness(
+    no_leaked_tasks: None, make_config: Any, kubelet_root: Path
+) -> AsyncIterator[PluginHarness]:
+    # Depends on the leak guard so that the guard looks only after the plugin's servers have stopped.
+    source = InMemoryAllocationSource(NODE)
+    source.observe(inventory())
+    kubelet = TestKubelet(kubelet_root)
+    env = PluginHarness(config=make_config(), source=source, kubelet=kubelet)
+    await env.start()
+    try:
+        yield env
+    finally:
+        await kubelet.close()
+        await env.stop()
