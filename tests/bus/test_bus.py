@@ -195,3 +195,42 @@ async def test_ensure_streams_is_idempotent(bus: Bus, streams: int) -> None:
     info = await bus.jetstream.stream_info("TANGRAM_INVENTORY")
     assert info.config.max_msgs_per_subject == 1
     assert info.config.subjects == ["tangram.inventory.>"]
+
+
+async def test_follow_delivers_history_then_live_events(bus: Bus) -> None:
+    history = [claim(n) for n in range(5)]
+    await bus.publish_batch(history)
+    await bus.jetstream.publish("tangram.claim.requested.junk", b"[]", stream=CLAIMS_STREAM)
+    seen: list[str] = []
+    live = claim(77)
+    got_live = asyncio.Event()
+    stop = asyncio.Event()
+    caught_up = asyncio.Event()
+
+    def handler(event: Event) -> None:
+        seen.append(event.event_id)
+        if event.event_id == live.event_id:
+            got_live.set()
+
+    task = asyncio.create_task(
+        bus.follow(CLAIMS_STREAM, "tangram.claim.requested.>", handler, stop=stop, caught_up=caught_up)
+    )
+    await asyncio.wait_for(caught_up.wait(), 10)
+    assert seen == [e.event_id for e in history]
+    await bus.publish(live)
+    await asyncio.wait_for(got_live.wait(), 10)
+    stop.set()
+    await task
+    assert seen == [e.event_id for e in history] + [live.event_id]
+
+
+async def test_follow_of_an_empty_subject_is_caught_up_at_once(bus: Bus) -> None:
+    stop = asyncio.Event()
+    caught_up = asyncio.Event()
+    task = asyncio.create_task(
+        bus.follow(CLAIMS_STREAM, "tangram.claim.failed.>", lambda e: None, stop=stop, caught_up=caught_up)
+    )
+    await asyncio.wait_for(caught_up.wait(), 10)
+    stop.set()
+    await task
+    assert caught_up.is_set()

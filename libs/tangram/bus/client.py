@@ -276,6 +276,56 @@ class Bus:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
+    async def follow(
+        self,
+        stream: str,
+        subject: str,
+        handler: Callable[[Event], None],
+        *,
+        stop: asyncio.Event,
+        caught_up: asyncio.Event | None = None,
+    ) -> None:
+        """Deliver a subject's history, then live events, in stream order, until `stop` is set.
+
+        For state that a node service rebuilds at every start (an ordered consumer: nothing is
+        acked and nothing is left behind on the server). `caught_up` is set once the history
+        as of the call has been handled. Undecodable messages are logged and skipped.
+        """
+        queue: asyncio.Queue[Msg] = asyncio.Queue()
+
+        async def deliver(msg: Msg) -> None:
+            queue.put_nowait(msg)
+
+        info = await self._api(lambda: self._js.stream_info(stream), f"stream info {stream}", retry_s=10)
+        sub = await self._api(
+            lambda: self._js.subscribe(
+                subject, stream=stream, cb=deliver, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
+            ),
+            f"follow {subject}",
+            retry_s=10,
+        )
+        try:
+            pending = (await sub.consumer_info()).num_pending
+            if caught_up is not None and (pending == 0 or info.state.last_seq == 0):
+                caught_up.set()
+            while not stop.is_set():
+                try:
+                    msg = await asyncio.wait_for(queue.get(), 0.5)
+                except TimeoutError:
+                    continue
+                try:
+                    handler(decode(msg.data))
+                except EventDecodeError as exc:
+                    log.warning("skipping undecodable message", extra={"subject": msg.subject, "error": str(exc)})
+                except Exception:
+                    # State folding must survive one bad event; the log keeps the event for replay.
+                    log.exception("handler failed on followed event", extra={"subject": msg.subject})
+                if caught_up is not None and not caught_up.is_set() and msg.metadata.num_pending == 0:
+                    caught_up.set()
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
     async def consume(
         self,
         spec: ConsumerSpec,

@@ -1,0 +1,17 @@
+"""python -m services.cdi"""
+
+import sys
+
+from tangram.service import run_service
+
+from services.cdi.service import run
+from services.cdi.settings import parse_settings
+
+
+def main() -> int:
+    settings = parse_settings()
+    return run_service("cdi", f"cdi@{settings.node_name}", settings, lambda ctx: run(ctx, settings))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""Configuration of the cdi service: the common node settings plus where kubelet and CDI live."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from pydantic import Field
+from tangram import DRIVER_NAME
+from tangram.kubelet import KUBELET_CALL_TIMEOUT_S
+from tangram.service import NodeSettings, add_service_arguments, service_fields
+
+
+class CdiSettings(NodeSettings):
+    driver_name: str = DRIVER_NAME
+    kubelet_root: Path = Path("/var/lib/kubelet")
+    cdi_dir: Path = Path("/var/run/cdi")
+    driver_root: Path = Path("/")
+    resolve_timeout_s: float = Field(default=30.0, gt=0, lt=KUBELET_CALL_TIMEOUT_S)
+
+
+def parse_settings(argv: list[str] | None = None) -> CdiSettings:
+    parser = argparse.ArgumentParser(prog="python -m services.cdi", description=__doc__)
+    add_service_arguments(parser, node=True)
+    env = os.environ.get
+    parser.add_argument("--driver-name", default=env("TANGRAM_DRIVER_NAME", DRIVER_NAME))
+    parser.add_argument("--kubelet-root", default=env("TANGRAM_KUBELET_ROOT", "/var/lib/kubelet"))
+    parser.add_argument("--cdi-dir", default=env("TANGRAM_CDI_DIR", "/var/run/cdi"))
+    parser.add_argument("--driver-root", default=env("TANGRAM_DRIVER_ROOT", "/"))
+    parser.add_argument(
+        "--resolve-timeout", type=float, default=float(env("TANGRAM_RESOLVE_TIMEOUT", "30")), dest="resolve"
+    )
+    args = parser.parse_args(argv)
+    return CdiSettings(
+        **service_fields(args),  # type: ignore[arg-type]
+        driver_name=args.driver_name,
+        kubelet_root=args.kubelet_root,
+        cdi_dir=args.cdi_dir,
+        driver_root=args.driver_root,
+        resolve_timeout_s=args.resolve,
+    )
