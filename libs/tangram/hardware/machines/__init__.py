@@ -1,0 +1,194 @@
+"""Simulated machines: YAML descriptions of whole nodes (GPUs, PCIe, NUMA, NVLink wiring, fabric).
+
+Shipped machines live next to this module; `load_machine` also accepts a path to a user's file.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tangram.hardware.catalogue import PRODUCTS, GpuProduct
+
+_PCI_BUS_ID = r"^[0-9a-fA-F]{8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$"
+
+
+class MachineError(ValueError):
+    """A machine description that cannot be used; the message names the file and the field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MigInstanceSpec(_Strict):
+    profile: str  # profile name as NVIDIA spells it for the product: "3g.40gb"
+    start: int = Field(ge=0)
+
+
+class GpuSpec(_Strict):
+    product: str
+    pci_bus_id: Annotated[str, Field(pattern=_PCI_BUS_ID)]
+    numa_node: int | None = Field(default=None, ge=0)
+    pcie_root: str  # PCI root complex, e.g. "pci0000:15"
+    pcie_switch: str | None = None  # the PCIe switch the GPU sits behind, if any
+    uuid: str | None = None
+    minor: int | None = Field(default=None, ge=0)
+    mig_enabled: bool = False
+    mig_instances: list[MigInstanceSpec] = []
+
+    @property
+    def spec(self) -> GpuProduct:
+        return PRODUCTS[self.product]
+
+    @model_validator(mode="after")
+    def _check(self) -> GpuSpec:
+        if self.product not in PRODUCTS:
+            raise ValueError(f"unknown GPU product {self.product!r}; known: {', '.join(sorted(PRODUCTS))}")
+        product = PRODUCTS[self.product]
+        if self.mig_enabled and not product.mig_capable:
+            raise ValueError(f"{self.product} is not MIG-capable; mig_enabled must be false")
+        if self.mig_instances and not self.mig_enabled:
+            raise ValueError("mig_instances need mig_enabled: true")
+        used: set[int] = set()
+        for inst in self.mig_instances:
+            profile = product.profile_by_name(inst.profile)
+            if profile is None:
+                names = ", ".join(p.name for p in product.mig_profiles)
+                raise ValueError(f"unknown MIG profile {inst.profile!r} for {self.product}; known: {names}")
+            if inst.start not in profile.starts:
+                raise ValueError(
+                    f"{inst.profile} cannot start at memory slice {inst.start}; starts: {profile.starts}"
+                )
+            slices = set(range(inst.start, inst.start + profile.memory_slices))
+            if slices & used:
+                raise ValueError(f"{inst.profile} at {inst.start} overlaps another instance")
+            used |= slices
+        return self
+
+
+class SwitchWiring(_Strict):
+    gpus: list[int]  # GPU indexes whose links all end at this machine's NVSwitches
+    switches: int = Field(ge=1)
+
+
+class NvlinkWiring(_Strict):
+    switch: SwitchWiring | None = None
+    bridges: list[tuple[int, int]] = []
+
+
+class FabricSpec(_Strict):
+    cluster_uuid: Annotated[str, Field(pattern=r"^[0-9a-fA-F-]{36}$")]
+    clique_id: int = Field(ge=0)
+
+
+class MachineSpec(_Strict):
+    name: str
+    description: str = ""
+    driver_version: Annotated[str, Field(pattern=r"^\d+\.\d+(\.\d+)?$")]
+    cuda_driver_version: int = Field(default=12080, ge=1000)  # as NVML reports it: 12080 = 12.8
+    gpus: list[GpuSpec] = Field(min_length=1)
+    nvlink: NvlinkWiring = NvlinkWiring()
+    fabric: FabricSpec | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> MachineSpec:
+        count = len(self.gpus)
+        bus_ids = [g.pci_bus_id.lower() for g in self.gpus]
+        if len(set(bus_ids)) != count:
+            raise ValueError("two GPUs share a pci_bus_id")
+        bridged: set[int] = set()
+        for a, b in self.nvlink.bridges:
+            for i in (a, b):
+                if not 0 <= i < count:
+                    raise ValueError(f"nvlink.bridges: GPU index {i} out of range 0..{count - 1}")
+                if self.gpus[i].spec.nvlink is None:
+                    raise ValueError(f"nvlink.bridges: GPU {i} ({self.gpus[i].product}) has no NVLink")
+                if i in bridged:
+                    raise ValueError(f"nvlink.bridges: GPU {i} is in two bridges")
+                bridged.add(i)
+            if a == b:
+                raise ValueError(f"nvlink.bridges: GPU {a} bridged to itself")
+        if self.nvlink.switch is not None:
+            for i in self.nvlink.switch.gpus:
+                if not 0 <= i < count:
+                    raise ValueError(f"nvlink.switch.gpus: GPU index {i} out of range 0..{count - 1}")
+                if i in bridged:
+                    raise ValueError(f"nvlink.switch.gpus: GPU {i} is also bridged")
+                if self.gpus[i].spec.nvlink is None:
+                    raise ValueError(f"nvlink.switch.gpus: GPU {i} ({self.gpus[i].product}) has no NVLink")
+        return self
+
+    def bridge_peer(self, index: int) -> int | None:
+        for a, b in self.nvlink.bridges:
+            if index in (a, b):
+                return b if index == a else a
+        return None
+
+    def switch_attached(self, index: int) -> bool:
+        return self.nvlink.switch is not None and index in self.nvlink.switch.gpus
+
+
+def _package_dir() -> Path:
+    return Path(str(resources.files(__name__)))
+
+
+def list_machines() -> list[str]:
+    """Names of the shipped machines."""
+    return sorted(p.stem for p in _package_dir().glob("*.yaml"))
+
+
+def _format_error(source: str, exc: ValidationError) -> str:
+    problems = []
+    for err in exc.errors():
+        where = ".".join(str(part) for part in err["loc"]) or "(top level)"
+        problems.append(f"{where}: {err['msg']}")
+    return f"machine {source}: " + "; ".join(problems)
+
+
+def parse_machine(data: Any, *, source: str = "<data>") -> MachineSpec:
+    if not isinstance(data, dict):
+        raise MachineError(
+            f"machine {source}: expected a mapping at the top level, got {type(data).__name__}"
+        )
+    try:
+        return MachineSpec.model_validate(data)
+    except ValidationError as exc:
+        raise MachineError(_format_error(source, exc)) from None
+
+
+def load_machine(name_or_path: str | Path) -> MachineSpec:
+    """A shipped machine by name ("hgx-h200") or a machine YAML file by path."""
+    text = str(name_or_path)
+    if re.fullmatch(r"[a-z0-9][a-z0-9-]*", text) and (_package_dir() / f"{text}.yaml").is_file():
+        path = _package_dir() / f"{text}.yaml"
+    else:
+        path = Path(text)
+        if not path.is_file():
+            raise MachineError(
+                f"no machine named {text!r} and no such file; shipped: {', '.join(list_machines())}"
+            )
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise MachineError(f"machine {path}: cannot read: {exc}") from None
+    return parse_machine(data, source=str(path))
+
+
+__all__ = [
+    "FabricSpec",
+    "GpuSpec",
+    "MachineError",
+    "MachineSpec",
+    "MigInstanceSpec",
+    "NvlinkWiring",
+    "SwitchWiring",
+    "list_machines",
+    "load_machine",
+    "parse_machine",
+]
