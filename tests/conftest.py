@@ -40,7 +40,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         function = getattr(item, "function", None)
         if function is not None and asyncio.iscoroutinefunction(function):
-            item.fixturenames.append("no_leaked_tasks")  # type: ignore[attr-defined]
+            # First in, last out: the guard checks after every other fixture has cleaned up.
+            item.fixturenames.insert(0, "no_leaked_tasks")  # type: ignore[attr-defined]
 
 
 @pytest.fixture

@@ -1,0 +1,41 @@
+"""Configuration of the discovery service."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from tangram.service import NodeSettings, add_service_arguments, service_fields
+
+
+class DiscoverySettings(NodeSettings):
+    sim: str | None = None  # a shipped simulated machine name or a machine YAML path
+    state_file: Path | None = None  # simulated GPU state shared with the node's other services
+    real: bool = False
+    refresh_s: float = Field(default=10.0, gt=0)  # re-read NVML this often; publish only on change
+
+    @model_validator(mode="after")
+    def _one_backend(self) -> DiscoverySettings:
+        if (self.sim is None) == (not self.real):
+            raise ValueError("choose exactly one of --sim MACHINE or --real")
+        return self
+
+
+def parse_settings(argv: list[str] | None = None) -> DiscoverySettings:
+    parser = argparse.ArgumentParser(prog="python -m services.discovery", description=__doc__)
+    add_service_arguments(parser, node=True)
+    env = os.environ.get
+    parser.add_argument("--sim", default=env("TANGRAM_SIM"), help="simulated machine name or YAML file")
+    parser.add_argument("--state-file", default=env("TANGRAM_SIM_STATE_FILE"))
+    parser.add_argument("--real", action="store_true", default=env("TANGRAM_REAL_NVML") == "1")
+    parser.add_argument("--refresh", type=float, default=float(env("TANGRAM_REFRESH_SECONDS", "10")))
+    args = parser.parse_args(argv)
+    return DiscoverySettings(
+        **service_fields(args),  # type: ignore[arg-type]
+        sim=args.sim,
+        state_file=args.state_file,
+        real=args.real,
+        refresh_s=args.refresh,
+    )
