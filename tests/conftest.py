@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+
 from tangram.bus import Bus, BusConfig
 from tangram.natsserver import NatsServer
 

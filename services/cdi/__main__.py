@@ -2,10 +2,9 @@
 
 import sys
 
-from tangram.service import run_service
-
 from services.cdi.service import run
 from services.cdi.settings import parse_settings
+from tangram.service import run_service
 
 
 def main() -> int:

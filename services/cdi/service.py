@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from services.cdi.settings import CdiSettings
 from tangram.events import (
     CLAIMS_STREAM,
     INVENTORY_STREAM,
@@ -15,8 +16,6 @@ from tangram.events import (
 )
 from tangram.kubelet import InMemoryAllocationSource, PluginConfig, build_plugin
 from tangram.service import ServiceContext
-
-from services.cdi.settings import CdiSettings
 
 log = logging.getLogger("tangram.cdi")
 

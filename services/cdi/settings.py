@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from pydantic import Field
+
 from tangram import DRIVER_NAME
 from tangram.kubelet import KUBELET_CALL_TIMEOUT_S
 from tangram.service import NodeSettings, add_service_arguments, service_fields

@@ -2,10 +2,9 @@
 
 import sys
 
-from tangram.service import run_service
-
 from services.discovery.service import run
 from services.discovery.settings import parse_settings
+from tangram.service import run_service
 
 
 def main() -> int:

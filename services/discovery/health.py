@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable
 
 import pynvml
+
 from tangram.nvml import NvmlBackend
 
 log = logging.getLogger("tangram.discovery.health")

@@ -7,13 +7,13 @@ import contextlib
 import logging
 
 from prometheus_client import Counter, Gauge
+
+from services.discovery.health import XidWatcher, is_critical
+from services.discovery.settings import DiscoverySettings
 from tangram.events import DeviceHealthChanged, NodeHardware, NodeInventory, subject_token
 from tangram.nvml import NvmlBackend, open_backend
 from tangram.nvml.inventory import read_node_hardware
 from tangram.service import ServiceContext
-
-from services.discovery.health import XidWatcher, is_critical
-from services.discovery.settings import DiscoverySettings
 
 log = logging.getLogger("tangram.discovery")
 

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from pydantic import Field, model_validator
+
 from tangram.service import NodeSettings, add_service_arguments, service_fields
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+
 from tangram.bus import Bus, BusConfig, ConsumerSpec, Poison
 from tangram.events import (
     CLAIMS_STREAM,

@@ -12,14 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from services.discovery.service import run
+from services.discovery.settings import DiscoverySettings
 from tangram.bus import Bus
 from tangram.events import INVENTORY_STREAM, NODES_STREAM, DeviceHealthChanged, NodeInventory
 from tangram.natsserver import NatsServer
 from tangram.nvml import SimNvml
 from tangram.service import ServiceContext
-
-from services.discovery.service import run
-from services.discovery.settings import DiscoverySettings
 
 
 async def inventories(bus: Bus) -> list[NodeInventory]:

@@ -8,6 +8,7 @@ from pathlib import Path
 import jsonschema
 import msgspec
 import pytest
+
 from tangram.bus import Bus
 from tangram.cli import main as cli_main
 from tangram.events import (
