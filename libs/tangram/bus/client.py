@@ -316,7 +316,9 @@ class Bus:
                 try:
                     handler(decode(msg.data))
                 except EventDecodeError as exc:
-                    log.warning("skipping undecodable message", extra={"subject": msg.subject, "error": str(exc)})
+                    log.warning(
+                        "skipping undecodable message", extra={"subject": msg.subject, "error": str(exc)}
+                    )
                 except Exception:
                     # State folding must survive one bad event; the log keeps the event for replay.
                     log.exception("handler failed on followed event", extra={"subject": msg.subject})
