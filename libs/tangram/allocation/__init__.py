@@ -1,0 +1,37 @@
+"""The allocator's pure decision engine: DRA claim semantics, topology- and fragmentation-aware placement."""
+
+from tangram.allocation.fleet import FleetState
+from tangram.allocation.model import (
+    POLICIES,
+    Allocated,
+    Claim,
+    Decision,
+    Failed,
+    FleetMetrics,
+    PartitionPlan,
+    Policy,
+    Release,
+)
+from tangram.allocation.spec import (
+    DeviceClass,
+    ResourceClaimSpec,
+    TopologyConfig,
+    parse_claim_spec,
+)
+
+__all__ = [
+    "POLICIES",
+    "Allocated",
+    "Claim",
+    "Decision",
+    "DeviceClass",
+    "Failed",
+    "FleetMetrics",
+    "FleetState",
+    "PartitionPlan",
+    "Policy",
+    "Release",
+    "ResourceClaimSpec",
+    "TopologyConfig",
+    "parse_claim_spec",
+]

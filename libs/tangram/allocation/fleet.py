@@ -1,0 +1,407 @@
+"""The allocator's state of the whole fleet and its decisions: pure, deterministic, no I/O.
+
+Nodes are indexed by shape and by (free whole GPUs, longest free MIG slice run), so a claim looks
+at the few nodes that can possibly fit it, in policy order, never at every device of the fleet.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_left, insort
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from tangram import DRIVER_NAME
+from tangram.allocation.eligibility import EligibilityCache, Eligible, evaluate
+from tangram.allocation.model import (
+    Allocated,
+    Claim,
+    Decision,
+    Failed,
+    FleetMetrics,
+    PartitionPlan,
+    Policy,
+    Release,
+)
+from tangram.allocation.node import NodeState
+from tangram.allocation.requests import Alternative, ClaimError, ResolvedClaim, resolve
+from tangram.allocation.shape import NodeShape, shape_signature
+from tangram.allocation.solver import Solution, solve
+from tangram.allocation.spec import DeviceClass, parse_claim_spec
+from tangram.dra import node_devices
+from tangram.events.catalogue import AllocatedDevice
+from tangram.events.inventory import NodeHardware
+
+TANGRAM_NODES_COMPARED = 16  # feasible nodes Tangram compares when none has the ideal GPU set
+_FILTERED = "not enough free GPUs or MIG slices"
+
+BucketKey = tuple[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    decision: Allocated
+    node: str
+    devices: tuple[str, ...]  # device names taken (admin access excluded)
+
+
+class FleetState:
+    def __init__(self, *, driver: str = DRIVER_NAME) -> None:
+        self.driver = driver
+        self._nodes: dict[str, NodeState] = {}
+        self._shapes: dict[str, NodeShape] = {}
+        self._buckets: dict[str, dict[BucketKey, list[str]]] = {}
+        self._bucket_of: dict[str, tuple[str, BucketKey]] = {}
+        self._held: dict[str, _Held] = {}
+        self._held_on: dict[str, set[str]] = {}
+        self._eligible = EligibilityCache()
+
+    # --- inventory -------------------------------------------------------------------------------
+
+    def apply_inventory(self, hw: NodeHardware) -> None:
+        """Replace the node's devices; claims allocated there keep their devices."""
+        signature = shape_signature(hw)
+        devices = node_devices(hw, driver=self.driver)
+        shape = self._shapes.get(signature)
+        if shape is None:
+            shape = self._shapes[signature] = NodeShape(signature, hw, devices)
+        old = self._nodes.get(hw.node)
+        node = NodeState(hw, devices, shape, generation=old.generation + 1 if old else 1)
+        if old is not None and old.destroying:
+            present = {(g.index, m.profile_id, m.placement.start) for g in hw.gpus for m in g.mig_instances}
+            node.destroying = old.destroying & present
+            node.refresh(shape.gpus)
+        for uid in sorted(self._held_on.get(hw.node, ())):
+            held = self._held[uid]
+            node.take([shape.index_by_name[n] for n in held.devices if n in shape.index_by_name], uid)
+        self._nodes[hw.node] = node
+        self._reindex(node)
+
+    def remove_node(self, name: str) -> list[str]:
+        """Forget the node; returns the uids of claims allocated there (their records stay)."""
+        node = self._nodes.pop(name, None)
+        if node is None:
+            return []
+        signature, key = self._bucket_of.pop(name)
+        _remove(self._buckets[signature][key], name)
+        return sorted(self._held_on.get(name, ()))
+
+    def _reindex(self, node: NodeState) -> None:
+        place = (node.shape.signature, node.bucket_key())
+        current = self._bucket_of.get(node.name)
+        if current == place:
+            return
+        if current is not None:
+            _remove(self._buckets[current[0]][current[1]], node.name)
+        insort(self._buckets.setdefault(place[0], {}).setdefault(place[1], []), node.name)
+        self._bucket_of[node.name] = place
+
+    # --- decisions ------------------------------------------------------------------------------
+
+    def allocate(
+        self,
+        claim: Claim,
+        classes: Mapping[str, DeviceClass],
+        policy: Policy = "tangram",
+        *,
+        explain: bool = False,
+    ) -> Decision:
+        held = self._held.get(claim.uid)
+        if held is not None:
+            return held.decision
+        try:
+            spec = parse_claim_spec(claim.spec)
+        except ValueError as error:
+            return Failed(claim_uid=claim.uid, reason=f"invalid claim: {error}")
+        try:
+            resolved = resolve(spec, classes, self.driver)
+            return self._place(claim, resolved, policy, explain)
+        except ClaimError as error:
+            return Failed(claim_uid=claim.uid, reason=str(error))
+
+    def release(self, claim_uid: str, *, destroy_mig: bool = True) -> Release:
+        """Free the claim's devices; with destroy_mig, its MIG instances are returned for destruction."""
+        held = self._held.pop(claim_uid, None)
+        if held is None:
+            return Release(claim_uid=claim_uid)
+        self._held_on[held.node].discard(claim_uid)
+        node = self._nodes.get(held.node)
+        destroy: list[PartitionPlan] = []
+        taken = [d for d in held.decision.devices if not d.admin_access]
+        if node is not None:
+            node.give_back(node.shape.index_by_name[n] for n in held.devices if n in node.shape.index_by_name)
+        if destroy_mig:
+            for device in taken:
+                if device.placement is None or device.profile is None or device.profile_id is None:
+                    continue
+                mig_uuid = ""
+                if node is not None and device.device in node.shape.index_by_name:
+                    inst = node.instance_for(node.shape.devices[node.shape.index_by_name[device.device]])
+                    mig_uuid = inst.uuid if inst is not None else ""
+                    node.mark_destroying(device.gpu_index, device.profile_id, device.placement.start)
+                destroy.append(
+                    PartitionPlan(
+                        gpu_index=device.gpu_index,
+                        gpu_uuid=device.gpu_uuid,
+                        profile=device.profile,
+                        profile_id=device.profile_id,
+                        placement=device.placement,
+                        mig_uuid=mig_uuid,
+                    )
+                )
+        if node is not None:
+            self._reindex(node)
+        return Release(
+            claim_uid=claim_uid, node=held.node, devices=list(held.decision.devices), destroy=destroy
+        )
+
+    def allocation(self, claim_uid: str) -> Allocated | None:
+        held = self._held.get(claim_uid)
+        return held.decision if held else None
+
+    # --- placement ------------------------------------------------------------------------------
+
+    def _eligible_on(self, node: NodeState, alt: Alternative) -> Eligible:
+        key: tuple[Any, ...] = (
+            (alt.cache_key, node.name, node.generation)
+            if alt.node_scoped
+            else (alt.cache_key, node.shape.signature)
+        )
+        found = self._eligible.get(key)
+        if found is None:
+            found = evaluate(alt, node.devices, self.driver)
+            self._eligible.put(key, found)
+        return found
+
+    def _candidates(
+        self, claim: ResolvedClaim, policy: Policy, rejected: Counter[str]
+    ) -> Iterator[NodeState]:
+        streams: list[Iterator[tuple[Any, ...]]] = []
+        spread = policy == "tangram" and claim.spread
+        for signature in sorted(self._buckets):
+            buckets = {k: v for k, v in self._buckets[signature].items() if v}
+            if not buckets:
+                continue
+            sample = self._nodes[buckets[next(iter(buckets))][0]]
+            need_whole = 0
+            need_slices = 0
+            shape_reason = ""
+            for request in claim.requests:
+                sizes: list[int] = []
+                reasons: list[str] = []
+                for alt in request.alternatives:
+                    found = None if alt.node_scoped else self._eligible_on(sample, alt)
+                    if found is not None and found.reason:
+                        reasons.append(f'request "{alt.result_name}": {found.reason}')
+                    sizes.append(-1 if found is None else len(found.devices))
+                if reasons and len(reasons) == len(request.alternatives):
+                    shape_reason = reasons[0]
+                    break
+                if len(request.alternatives) != 1:
+                    continue
+                alt = request.alternatives[0]
+                if alt.node_scoped or alt.admin or alt.all_mode:
+                    continue
+                kinds = {sample.shape.devices[d].kind for d in self._eligible_on(sample, alt).devices}
+                if kinds == {"gpu"}:
+                    need_whole += alt.count
+                elif kinds == {"mig"}:
+                    smallest = min(
+                        sample.shape.devices[d].size for d in self._eligible_on(sample, alt).devices
+                    )
+                    need_slices = max(need_slices, smallest)
+            members = sum(len(v) for v in buckets.values())
+            if shape_reason:
+                rejected[shape_reason] += members
+                continue
+            for (free_whole, run), names in buckets.items():
+                fits = free_whole >= need_whole and (
+                    need_slices == 0 or run >= need_slices or free_whole >= 1
+                )
+                if not fits:
+                    rejected[_FILTERED] += len(names)
+                    continue
+                if policy == "first-fit":
+                    streams.append(_keyed((), names))
+                elif spread:
+                    streams.append(_keyed((-free_whole, -run), names))
+                else:
+                    streams.append(_keyed((free_whole, run), names))
+        for entry in heapq.merge(*streams):
+            yield self._nodes[entry[-1]]
+
+    def _place(self, claim: Claim, resolved: ResolvedClaim, policy: Policy, explain: bool) -> Decision:
+        rejected: Counter[str] = Counter()
+        notes: list[str] = []
+        best: tuple[NodeState, Solution] | None = None
+        feasible = 0
+        for node in self._candidates(resolved, policy, rejected):
+            outcome = solve(node, resolved, partial(self._eligible_on, node), scored=policy == "tangram")
+            if isinstance(outcome, str):
+                rejected[outcome] += 1
+                if explain:
+                    notes.append(f"{node.name}: {outcome}")
+                continue
+            feasible += 1
+            if explain:
+                notes.append(
+                    f"{node.name}: fits (GPU set score {outcome.set_score}, best {outcome.ideal_set_score})"
+                )
+            if best is None or outcome.set_score > best[1].set_score:
+                best = (node, outcome)
+            if policy != "tangram" or outcome.ideal or feasible >= TANGRAM_NODES_COMPARED:
+                break
+        if best is None:
+            summary = "; ".join(
+                f"{count} node{'s' if count != 1 else ''}: {reason}"
+                for reason, count in sorted(rejected.items(), key=lambda item: (-item[1], item[0]))
+            )
+            reason = f"0/{len(self._nodes)} nodes fit" + (f": {summary}" if summary else "")
+            if explain:
+                notes.extend(f"{count} nodes: {reason}" for reason, count in sorted(rejected.items()))
+            return Failed(claim_uid=claim.uid, reason=reason, explanation=notes)
+        if explain:
+            notes.append(f"chosen {best[0].name}")
+            notes.extend(f"{count} nodes: {reason}" for reason, count in sorted(rejected.items()))
+        return self._commit(claim, resolved, best[0], best[1], notes)
+
+    def _commit(
+        self, claim: Claim, resolved: ResolvedClaim, node: NodeState, solution: Solution, notes: list[str]
+    ) -> Allocated:
+        shape = node.shape
+        devices: list[AllocatedDevice] = []
+        partitions: list[PartitionPlan] = []
+        taken: list[int] = []
+        for alt, choice in solution.picks:
+            for d in choice:
+                device = node.devices[d]
+                devices.append(
+                    AllocatedDevice(
+                        request=alt.result_name,
+                        driver=self.driver,
+                        pool=node.pool,
+                        device=device.name,
+                        gpu_index=device.gpu_index,
+                        gpu_uuid=device.gpu_uuid,
+                        profile=device.profile,
+                        profile_id=device.profile_id,
+                        placement=device.placement,
+                        admin_access=alt.admin,
+                    )
+                )
+                if alt.admin:
+                    continue
+                taken.append(d)
+                if (
+                    device.placement is not None
+                    and device.profile is not None
+                    and device.profile_id is not None
+                    and node.instance_for(shape.devices[d]) is None
+                ):
+                    partitions.append(
+                        PartitionPlan(
+                            gpu_index=device.gpu_index,
+                            gpu_uuid=device.gpu_uuid,
+                            profile=device.profile,
+                            profile_id=device.profile_id,
+                            placement=device.placement,
+                        )
+                    )
+        decision = Allocated(
+            claim_uid=claim.uid,
+            node=node.name,
+            devices=devices,
+            partitions=partitions,
+            config=list(resolved.config),
+            set_score=solution.set_score,
+            ideal_set_score=solution.ideal_set_score,
+            explanation=notes,
+        )
+        node.take(taken, claim.uid)
+        self._reindex(node)
+        self._held[claim.uid] = _Held(
+            decision=decision, node=node.name, devices=tuple(shape.devices[d].name for d in taken)
+        )
+        self._held_on.setdefault(node.name, set()).add(claim.uid)
+        return decision
+
+    def adopt(self, decision: Allocated) -> None:
+        """Take back a decision made earlier (read from the log), without deciding again.
+
+        The allocator's state is a fold over its log: at start it re-adopts every allocation the
+        log holds, so a restart never hands the same devices out twice. Devices the node no longer
+        advertises are still recorded and are taken again when its inventory brings them back.
+        """
+        if decision.claim_uid in self._held:
+            return
+        taken = tuple(d.device for d in decision.devices if not d.admin_access)
+        self._held[decision.claim_uid] = _Held(decision=decision, node=decision.node, devices=taken)
+        self._held_on.setdefault(decision.node, set()).add(decision.claim_uid)
+        node = self._nodes.get(decision.node)
+        if node is not None:
+            index = node.shape.index_by_name
+            node.take([index[name] for name in taken if name in index], decision.claim_uid)
+            self._reindex(node)
+
+    # --- reporting ------------------------------------------------------------------------------
+
+    def metrics(self) -> FleetMetrics:
+        gpus = free = partial = 0
+        stranded = 0.0
+        for node in self._nodes.values():
+            for gpu in node.shape.gpus.values():
+                gpus += 1
+                if node.whole_free[gpu.index]:
+                    free += 1
+                    continue
+                if not gpu.slices or (gpu.whole is not None and gpu.whole in node.allocated):
+                    continue
+                used = bin(node.occupied[gpu.index]).count("1")
+                if 0 < used < gpu.slices:
+                    partial += 1
+                    stranded += (gpu.slices - used) / gpu.slices
+        return FleetMetrics(
+            nodes=len(self._nodes),
+            gpus=gpus,
+            free_gpus=free,
+            partially_used_gpus=partial,
+            stranded_gpus=round(stranded, 3),
+            claims=len(self._held),
+            allocated_devices=sum(len(n.allocated) for n in self._nodes.values()),
+        )
+
+    def snapshot(self) -> dict[str, Any]:
+        """Every node's allocated devices and every claim's node, in a stable order."""
+        return {
+            "nodes": {
+                name: {
+                    "allocated": {
+                        node.shape.devices[d].name: uid for d, uid in sorted(node.allocated.items())
+                    },
+                    "free_whole_gpus": node.bucket_key()[0],
+                }
+                for name, node in sorted(self._nodes.items())
+            },
+            "claims": {uid: held.node for uid, held in sorted(self._held.items())},
+        }
+
+    def node(self, name: str) -> NodeState | None:
+        return self._nodes.get(name)
+
+    @property
+    def node_names(self) -> list[str]:
+        return sorted(self._nodes)
+
+
+def _keyed(prefix: tuple[int, ...], names: list[str]) -> Iterator[tuple[Any, ...]]:
+    for name in names:
+        yield (*prefix, name)
+
+
+def _remove(names: list[str], name: str) -> None:
+    position = bisect_left(names, name)
+    if position < len(names) and names[position] == name:
+        del names[position]

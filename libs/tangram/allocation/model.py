@@ -1,0 +1,77 @@
+"""What the allocator decides: claims in, allocations, failures and releases out."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from tangram.allocation.spec import ResourceClaimSpec
+from tangram.events.catalogue import AllocatedDevice
+from tangram.events.inventory import MigPlacement
+
+Policy = Literal["tangram", "first-fit", "best-fit"]
+POLICIES: tuple[Policy, ...] = ("tangram", "first-fit", "best-fit")
+
+
+class Claim(msgspec.Struct, frozen=True, kw_only=True):
+    namespace: str
+    name: str
+    uid: str
+    spec: dict[str, Any] | ResourceClaimSpec  # ResourceClaim.spec (resource.k8s.io/v1)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class PartitionPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """A MIG GPU instance to create (or, on release, to destroy) at an exact placement."""
+
+    gpu_index: int
+    gpu_uuid: str
+    profile: str
+    profile_id: int
+    placement: MigPlacement
+    mig_uuid: str = ""  # destroy: the existing instance, when known
+
+
+class Allocated(msgspec.Struct, frozen=True, kw_only=True, tag="allocated"):
+    claim_uid: str
+    node: str
+    devices: list[AllocatedDevice]
+    partitions: list[PartitionPlan] = []
+    config: list[dict[str, Any]] = []  # as status.allocation.devices.config
+    set_score: int = 0  # classic topology score of the claim's distinct GPUs (sum over pairs)
+    ideal_set_score: int = 0  # the best score any set of that many GPUs of this node can have
+    explanation: list[str] = []
+
+    @property
+    def multi_gpu(self) -> bool:
+        return len({d.gpu_index for d in self.devices if not d.admin_access}) > 1
+
+
+class Failed(msgspec.Struct, frozen=True, kw_only=True, tag="failed"):
+    claim_uid: str
+    reason: str
+    explanation: list[str] = []
+
+
+Decision = Allocated | Failed
+
+
+class Release(msgspec.Struct, frozen=True, kw_only=True):
+    claim_uid: str
+    node: str | None = None
+    devices: list[AllocatedDevice] = []
+    destroy: list[PartitionPlan] = []  # MIG instances the claim used, to destroy (or keep warm)
+
+
+class FleetMetrics(msgspec.Struct, frozen=True, kw_only=True):
+    nodes: int
+    gpus: int
+    free_gpus: int  # whole GPUs with nothing allocated on them
+    partially_used_gpus: int  # MIG-partitioned GPUs with some memory slices still free
+    stranded_gpus: float  # free capacity, in GPUs, on partially used GPUs: no whole-GPU claim can use it
+    claims: int
+    allocated_devices: int

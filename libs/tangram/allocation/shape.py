@@ -1,0 +1,144 @@
+"""What nodes of the same hardware share: device layout, counters, MIG geometry and topology.
+
+Nodes whose inventories differ only in identities (UUIDs, NVLink domain and clique ids, existing
+MIG instances) have one shape, so selector results and topology tables are computed once per
+shape instead of once per node.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import msgspec
+
+from tangram.allocation.links import PairTable
+from tangram.dra.model import Device, NodeDevices
+from tangram.events.inventory import NodeHardware
+
+# Attributes whose values differ between otherwise identical nodes; a selector that names one of
+# them is evaluated per node instead of per shape.
+IDENTITY_ATTRIBUTES = ("uuid", "parentUUID", "nvlinkDomain", "cliqueId")
+
+# MIG sizes in memory slices, largest first: the order in which lost placements weigh.
+SIZE_CLASSES = (8, 4, 2, 1)
+
+
+def shape_signature(hw: NodeHardware) -> str:
+    gpus = [
+        msgspec.structs.replace(
+            gpu,
+            uuid="",
+            pci_bus_id="",
+            minor=0,
+            nvlink_domain=None,
+            clique_id=None,
+            mig_instances=[],
+            processes=0,
+            health_reason="",
+        )
+        for gpu in sorted(hw.gpus, key=lambda g: g.index)
+    ]
+    stripped = msgspec.structs.replace(hw, node="", cuda_driver_version="", gpus=gpus)
+    return hashlib.sha1(msgspec.json.encode(stripped), usedforsecurity=False).hexdigest()[:16]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceShape:
+    index: int
+    name: str
+    kind: str
+    gpu_index: int
+    size: int  # memory slices it takes: a MIG placement's size, a whole GPU's total (0 if not MIG-capable)
+    mask: int  # memory slices as bits
+    profile_id: int | None
+    consumes: tuple[tuple[str, tuple[tuple[str, int], ...]], ...]  # (counter set, ((counter, amount), ...))
+
+
+@dataclass(frozen=True, slots=True)
+class GpuShape:
+    index: int
+    slices: int  # memory slices (0 without MIG)
+    whole: int | None  # the whole-GPU device, if advertised
+    mig: tuple[int, ...]  # MIG placement devices
+    counter_set: str | None
+    placements: tuple[tuple[int, int], ...]  # (size, mask) of every profile's placements
+
+
+class NodeShape:
+    """Static facts for every node with this signature."""
+
+    def __init__(self, signature: str, hw: NodeHardware, devices: NodeDevices) -> None:
+        self.signature = signature
+        self.devices: tuple[DeviceShape, ...] = tuple(
+            _device_shape(i, d, hw) for i, d in enumerate(devices.devices)
+        )
+        self.index_by_name = {d.name: d.index for d in self.devices}
+        self.counter_sets = {cs.name: dict(cs.counters) for cs in devices.counter_sets}
+        self.pairs = PairTable([g.index for g in hw.gpus], hw.links)
+        gpus: dict[int, GpuShape] = {}
+        for gpu in sorted(hw.gpus, key=lambda g: g.index):
+            mine = [d for d in self.devices if d.gpu_index == gpu.index]
+            whole = next((d.index for d in mine if d.kind == "gpu"), None)
+            mig = tuple(d.index for d in mine if d.kind == "mig")
+            sets = {name for d in mine for name, _ in d.consumes}
+            gpus[gpu.index] = GpuShape(
+                index=gpu.index,
+                slices=gpu.memory_slices if mig else 0,
+                whole=whole,
+                mig=mig,
+                counter_set=min(sets) if sets else None,
+                placements=tuple(sorted((self.devices[i].size, self.devices[i].mask) for i in mig)),
+            )
+        self.gpus = gpus
+        self.devices_by_set: dict[str, tuple[int, ...]] = {
+            name: tuple(d.index for d in self.devices if any(s == name for s, _ in d.consumes))
+            for name in self.counter_sets
+        }
+        whole_gpus = [g.index for g in gpus.values() if g.whole is not None]
+        self.best_set_scores = self.pairs.best_set_scores(whole_gpus)
+
+
+def _device_shape(index: int, device: Device, hw: NodeHardware) -> DeviceShape:
+    gpu = next(g for g in hw.gpus if g.index == device.gpu_index)
+    if device.placement is not None:
+        size = device.placement.size
+        mask = sum(1 << s for s in device.placement.slices)
+    else:
+        size = gpu.memory_slices if device.consumes else 0
+        mask = (1 << size) - 1
+    consumes = tuple((c.counter_set, tuple(sorted(c.counters.items()))) for c in device.consumes)
+    return DeviceShape(
+        index=index,
+        name=device.name,
+        kind=device.kind,
+        gpu_index=device.gpu_index,
+        size=size,
+        mask=mask,
+        profile_id=device.profile_id,
+        consumes=consumes,
+    )
+
+
+_LOSS_CACHE: dict[tuple[tuple[tuple[int, int], ...], int, int], tuple[int, ...]] = {}
+
+
+def placement_loss(placements: tuple[tuple[int, int], ...], occupied: int, taken: int) -> tuple[int, ...]:
+    """Still-placeable MIG placements, by size class largest first, that taking `taken` slices destroys."""
+    key = (placements, occupied, taken)
+    loss = _LOSS_CACHE.get(key)
+    if loss is None:
+        counts = dict.fromkeys(SIZE_CLASSES, 0)
+        for size, mask in placements:
+            if mask & occupied == 0 and mask & taken and size in counts:
+                counts[size] += 1
+        loss = tuple(counts[s] for s in SIZE_CLASSES)
+        if len(_LOSS_CACHE) > 100_000:
+            _LOSS_CACHE.clear()
+        _LOSS_CACHE[key] = loss
+    return loss
+
+
+def placeable(placements: tuple[tuple[int, int], ...], occupied: int) -> tuple[int, ...]:
+    """Placeable MIG placements by size class, largest first, given the occupied slices."""
+    return placement_loss(placements, occupied, (1 << 16) - 1)

@@ -1,0 +1,82 @@
+"""`tangram allocate` over simulated machines: JSON lines per decision and a summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tangram.cli import main
+
+TRACE = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: two, namespace: ml}
+spec:
+  devices:
+    requests:
+    - name: gpus
+      exactly: {deviceClassName: gpu.tangram.dev, count: 2}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: nine, namespace: ml}
+spec:
+  devices:
+    requests:
+    - name: gpus
+      exactly: {deviceClassName: gpu.tangram.dev, count: 9}
+---
+op: delete
+claim: ml/two
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: again, namespace: ml}
+spec:
+  devices:
+    requests:
+    - name: gpus
+      exactly: {deviceClassName: gpu.tangram.dev, count: 2}
+"""
+
+
+def run_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> list[dict[str, Any]]:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("- {name: l, machine: l40s-8, count: 2}\n")
+    trace = tmp_path / "trace.yaml"
+    trace.write_text(TRACE)
+    assert main(["allocate", "--fleet", str(fleet), "--trace", str(trace), *extra]) == 0
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+@pytest.mark.parametrize("policy", ["tangram", "first-fit", "best-fit"])
+def test_allocate_prints_decisions_and_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], policy: str
+) -> None:
+    lines = run_cli(tmp_path, capsys, "--policy", policy)
+    assert [line.get("claim") for line in lines[:3]] == ["ml/two", "ml/nine", "ml/again"]
+    assert lines[0]["status"] == "allocated" and lines[0]["node"] == "l-0"
+    assert [d["gpu"] for d in lines[0]["devices"]] == [0, 1]
+    assert lines[1]["status"] == "failed"
+    assert lines[1]["reason"] == "0/2 nodes fit: 2 nodes: not enough free GPUs or MIG slices"
+    assert lines[2]["node"] == "l-0"
+    summary = lines[3]["summary"]
+    assert summary["admitted"] == 2 and summary["failed"] == 1
+    assert summary["multi_gpu_nvlink_optimal_share"] == 1.0
+
+
+def test_explain_lists_nodes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lines = run_cli(tmp_path, capsys, "--explain")
+    assert lines[0]["explanation"][0].startswith("l-0: fits")
+
+
+def test_bad_fleet_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("- {name: x}\n")
+    trace = tmp_path / "trace.yaml"
+    trace.write_text(TRACE)
+    assert main(["allocate", "--fleet", str(fleet), "--trace", str(trace)]) == 2
+    assert "node [0]: needs name (string) and machine" in capsys.readouterr().err
