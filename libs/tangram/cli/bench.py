@@ -11,6 +11,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "allocator": ("tangram.bench.allocator", "allocator decisions/s and latency at fleet scale vs first-fit"),
     "quality": ("tangram.bench.quality", "placement quality vs first-fit, best-fit and an ILP optimum"),
     "prepare": ("tangram.bench.prepare", "kubelet NodePrepareResources latency with concurrent claims"),
+    "rebuild": ("tangram.bench.rebuild", "allocator cold restart: state rebuilt from the JetStream log"),
 }
 
 

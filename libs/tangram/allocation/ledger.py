@@ -1,0 +1,168 @@
+"""The allocator's state as a fold over its event log: pure, no I/O.
+
+Live events produce output events; replayed history only rebuilds state. A decision is made once
+per claim: a redelivered request, or a request already decided in the log, produces nothing new.
+Output event ids are derived from the claim uid, so a decision republished after a crash is
+de-duplicated by JetStream instead of stored twice.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from tangram.allocation.fleet import FleetState
+from tangram.allocation.model import Allocated, Claim, PartitionPlan, Policy
+from tangram.allocation.spec import DeviceClass
+from tangram.events import (
+    ClaimAllocated,
+    ClaimFailed,
+    ClaimReleased,
+    ClaimRequested,
+    Event,
+    NodeInventory,
+    PartitionApplied,
+    PartitionFailed,
+    PartitionRequested,
+    subject_token,
+)
+
+_IDS = uuid.UUID("6d1f6a0e-2b8c-4e59-9a51-7b3f0c2d9e11")
+
+
+def derived_id(*parts: object) -> str:
+    return uuid.uuid5(_IDS, "/".join(str(p) for p in parts)).hex
+
+
+@dataclass
+class Ledger:
+    fleet: FleetState
+    classes: Mapping[str, DeviceClass]
+    policy: Policy = "tangram"
+    producer: str = "allocator"
+    decided: dict[str, str] = field(default_factory=dict)  # uid -> "allocated" | "failed"
+    released: set[str] = field(default_factory=set)
+    claims: dict[str, tuple[str, str]] = field(default_factory=dict)  # uid -> (namespace, name)
+    commands: dict[str, str] = field(default_factory=dict)  # create command id -> claim uid
+
+    def observe(self, event: Event) -> None:
+        """Fold an event that can produce no output (inventory)."""
+        self.apply(event, live=False)
+
+    def apply(self, event: Event, *, live: bool = True) -> list[Event]:
+        match event:
+            case NodeInventory(hardware=hardware):
+                self.fleet.apply_inventory(hardware)
+            case ClaimRequested():
+                self.claims[event.uid] = (event.namespace, event.name)
+                if live and event.uid not in self.decided and event.uid not in self.released:
+                    return self._decide(event)
+            case ClaimAllocated():
+                self._adopt(event)
+            case ClaimFailed(uid=uid):
+                self.decided[uid] = "failed"
+            case ClaimReleased(uid=uid):
+                if uid not in self.released:
+                    self.released.add(uid)
+                    destroy = self._release(uid)
+                    return destroy if live else []
+            case PartitionFailed(action="create", command_id=command_id):
+                uid = self.commands.get(command_id, event.claim_uid)
+                if self.decided.get(uid) == "allocated" and uid not in self.released:
+                    return self._fail_after_partition(uid, event)
+            case PartitionApplied():
+                pass
+            case _:
+                pass
+        return []
+
+    def _decide(self, request: ClaimRequested) -> list[Event]:
+        claim = Claim(namespace=request.namespace, name=request.name, uid=request.uid, spec=request.spec)
+        decision = self.fleet.allocate(claim, self.classes, self.policy)
+        if not isinstance(decision, Allocated):
+            self.decided[request.uid] = "failed"
+            return [
+                ClaimFailed(
+                    key=request.key,
+                    event_id=derived_id(request.uid, "failed"),
+                    producer=self.producer,
+                    namespace=request.namespace,
+                    name=request.name,
+                    uid=request.uid,
+                    reason=decision.reason,
+                )
+            ]
+        self.decided[request.uid] = "allocated"
+        commands = [self._command(request.uid, decision.node, plan, "create") for plan in decision.partitions]
+        for command in commands:
+            self.commands[command.command_id] = request.uid
+        allocated = ClaimAllocated(
+            key=request.key,
+            event_id=derived_id(request.uid, "allocated"),
+            producer=self.producer,
+            namespace=request.namespace,
+            name=request.name,
+            uid=request.uid,
+            node=decision.node,
+            devices=decision.devices,
+            partitions=[c.command_id for c in commands],
+            config=decision.config,
+        )
+        # The partition commands go first: the cdi service waits on them once it sees the allocation.
+        return [*commands, allocated]
+
+    def _command(self, uid: str, node: str, plan: PartitionPlan, action: str) -> PartitionRequested:
+        command_id = derived_id(uid, action, plan.gpu_index, plan.profile_id, plan.placement.start)
+        return PartitionRequested(
+            key=subject_token(node),
+            event_id=derived_id(command_id, "command"),
+            producer=self.producer,
+            command_id=command_id,
+            node=node,
+            action="create" if action == "create" else "destroy",
+            gpu_uuid=plan.gpu_uuid,
+            gpu_index=plan.gpu_index,
+            profile=plan.profile,
+            profile_id=plan.profile_id,
+            placement=plan.placement,
+            claim_uid=uid,
+            mig_uuid=plan.mig_uuid,
+        )
+
+    def _adopt(self, event: ClaimAllocated) -> None:
+        self.decided[event.uid] = "allocated"
+        self.claims[event.uid] = (event.namespace, event.name)
+        for command_id in event.partitions:
+            self.commands[command_id] = event.uid
+        if event.uid not in self.released:
+            self.fleet.adopt(
+                Allocated(claim_uid=event.uid, node=event.node, devices=event.devices, config=event.config)
+            )
+
+    def _release(self, uid: str) -> list[Event]:
+        release = self.fleet.release(uid)
+        if release.node is None:
+            return []
+        return [self._command(uid, release.node, plan, "destroy") for plan in release.destroy]
+
+    def _fail_after_partition(self, uid: str, failure: PartitionFailed) -> list[Event]:
+        destroy = self._release(uid)
+        self.decided[uid] = "failed"
+        namespace, name = self.claims.get(uid, ("", ""))
+        return [
+            *destroy,
+            ClaimFailed(
+                key=uid,
+                event_id=derived_id(uid, "failed-after-partition"),
+                producer=self.producer,
+                namespace=namespace,
+                name=name,
+                uid=uid,
+                reason=(
+                    f"MIG instance {failure.profile} at slices {failure.placement.start}.."
+                    f"{failure.placement.start + failure.placement.size - 1} on GPU {failure.gpu_uuid} "
+                    f"of node {failure.node} could not be created: {failure.reason}"
+                ),
+            ),
+        ]

@@ -1,0 +1,1 @@
+"""The allocator service: the one place where Tangram decides node, GPUs and MIG placements."""

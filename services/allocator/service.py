@@ -1,0 +1,124 @@
+"""Rebuilds the ledger from JetStream, then decides live claims and reacts to partition results."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+import yaml
+from prometheus_client import Counter, Gauge, Histogram
+
+from services.allocator.settings import AllocatorSettings
+from tangram.allocation import DeviceClass, FleetState
+from tangram.allocation.ledger import Ledger
+from tangram.bus import allocator_consumer, allocator_results_consumer
+from tangram.events import (
+    CLAIMS_STREAM,
+    INVENTORY_STREAM,
+    ClaimAllocated,
+    ClaimFailed,
+    ClaimRequested,
+    Event,
+)
+from tangram.k8s.deviceclasses import load_shipped_device_classes
+from tangram.service import ServiceContext
+
+log = logging.getLogger("tangram.allocator")
+
+DECISIONS = Counter("tangram_allocator_decisions_total", "Claims decided", ["outcome"])
+DECISION_SECONDS = Histogram(
+    "tangram_allocator_decision_seconds",
+    "Time to decide one claim",
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
+)
+REBUILD_EVENTS = Gauge("tangram_allocator_rebuild_events", "Events folded at the last start")
+REBUILD_SECONDS = Gauge("tangram_allocator_rebuild_seconds", "Time the last rebuild took")
+FREE_GPUS = Gauge("tangram_allocator_free_gpus", "Whole GPUs with nothing allocated")
+
+
+def load_device_classes(extra: Path | None) -> dict[str, DeviceClass]:
+    documents = list(load_shipped_device_classes())
+    if extra is not None:
+        for path in sorted(extra.glob("*.yaml")):
+            documents.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+    classes: dict[str, DeviceClass] = {}
+    for document in documents:
+        device_class = DeviceClass.from_manifest(document)
+        classes[device_class.name] = device_class
+    return classes
+
+
+async def rebuild(ctx: ServiceContext, ledger: Ledger) -> int:
+    started = time.perf_counter()
+    count = 0
+    for stream in (INVENTORY_STREAM, CLAIMS_STREAM):
+        async for _, event in ctx.bus.replay(stream):
+            ledger.apply(event, live=False)
+            count += 1
+    elapsed = time.perf_counter() - started
+    REBUILD_EVENTS.set(count)
+    REBUILD_SECONDS.set(elapsed)
+    log.info(
+        "state rebuilt from the log",
+        extra={"events": count, "seconds": round(elapsed, 3), "claims": len(ledger.decided)},
+    )
+    return count
+
+
+async def run(ctx: ServiceContext, settings: AllocatorSettings) -> None:
+    ledger = Ledger(
+        fleet=FleetState(),
+        classes=load_device_classes(settings.device_classes),
+        policy=settings.policy,
+        producer=ctx.bus.config.producer,
+    )
+    await rebuild(ctx, ledger)
+
+    async def handle(event: Event) -> None:
+        started = time.perf_counter()
+        outputs = ledger.apply(event)
+        if isinstance(event, ClaimRequested) and outputs:
+            DECISION_SECONDS.observe(time.perf_counter() - started)
+            outcome = "allocated" if any(isinstance(o, ClaimAllocated) for o in outputs) else "failed"
+            DECISIONS.labels(outcome).inc()
+            FREE_GPUS.set(ledger.fleet.metrics().free_gpus)
+        for output in outputs:
+            await ctx.bus.publish(output)
+            if isinstance(output, ClaimFailed):
+                log.info(
+                    "claim failed",
+                    extra={"claim": f"{output.namespace}/{output.name}", "reason": output.reason},
+                )
+
+    inventory_caught_up = asyncio.Event()
+    claims_ready = asyncio.Event()
+    results_ready = asyncio.Event()
+    tasks = [
+        asyncio.create_task(
+            ctx.bus.follow(
+                INVENTORY_STREAM,
+                "tangram.inventory.>",
+                ledger.observe,
+                stop=ctx.stop,
+                caught_up=inventory_caught_up,
+            )
+        )
+    ]
+    await inventory_caught_up.wait()
+    tasks.append(
+        asyncio.create_task(ctx.bus.consume(allocator_consumer(), handle, stop=ctx.stop, ready=claims_ready))
+    )
+    tasks.append(
+        asyncio.create_task(
+            ctx.bus.consume(allocator_results_consumer(), handle, stop=ctx.stop, ready=results_ready)
+        )
+    )
+    await asyncio.gather(claims_ready.wait(), results_ready.wait())
+    ctx.ready.set()
+    log.info("allocator ready", extra={"policy": settings.policy, "nodes": len(ledger.fleet.node_names)})
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        ctx.stop.set()

@@ -1,0 +1,118 @@
+"""The allocator service through a real nats-server: decides, survives restarts, never decides twice."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import msgspec
+
+from services.allocator.service import run
+from services.allocator.settings import AllocatorSettings
+from tangram.bus import Bus
+from tangram.events import (
+    CLAIMS_STREAM,
+    DEADLETTER_STREAM,
+    NODES_STREAM,
+    ClaimAllocated,
+    ClaimFailed,
+    DeadLetter,
+    Event,
+    PartitionRequested,
+)
+from tangram.natsserver import NatsServer
+from tangram.service import ServiceContext
+
+from .helpers import gpus, inventory, mig, request
+
+
+@asynccontextmanager
+async def allocator(bus: Bus, url: str) -> AsyncIterator[ServiceContext]:
+    ctx = ServiceContext(name="allocator", bus=bus, stop=asyncio.Event())
+    task = asyncio.create_task(run(ctx, AllocatorSettings(nats_urls=(url,))))
+    await asyncio.wait_for(ctx.ready.wait(), 30)
+    try:
+        yield ctx
+    finally:
+        ctx.stop.set()
+        await task
+
+
+async def log(bus: Bus, stream: str = CLAIMS_STREAM) -> list[Event]:
+    return [e async for _, e in bus.replay(stream)]
+
+
+async def until(
+    bus: Bus, predicate: Callable[[list[Event]], bool], stream: str = CLAIMS_STREAM
+) -> list[Event]:
+    async def poll() -> list[Event]:
+        while not predicate(events := await log(bus, stream)):
+            await asyncio.sleep(0.05)
+        return events
+
+    return await asyncio.wait_for(poll(), 30)
+
+
+def decisions(events: list[Event]) -> list[Event]:
+    return [e for e in events if isinstance(e, ClaimAllocated | ClaimFailed)]
+
+
+async def test_decides_claims_and_sends_partition_commands(bus: Bus, nats_server: NatsServer) -> None:
+    await bus.publish(inventory("dgx-h100", "node-1"))
+    async with allocator(bus, nats_server.url):
+        await bus.publish(request(1, gpus(4)))
+        await bus.publish(request(2, mig("2g.20gb")))
+        await bus.publish(request(3, gpus(9)))
+        events = await until(bus, lambda e: len(decisions(e)) == 3)
+    by_uid = {e.uid: e for e in decisions(events)}  # type: ignore[attr-defined]
+    four, two_g, nine = (by_uid[request(n, {}).uid] for n in (1, 2, 3))
+    assert isinstance(four, ClaimAllocated) and len(four.devices) == 4
+    assert isinstance(two_g, ClaimAllocated) and two_g.devices[0].profile == "2g.20gb"
+    assert isinstance(nine, ClaimFailed) and "0/1 nodes fit" in nine.reason
+    commands = [e for e in await log(bus, NODES_STREAM) if isinstance(e, PartitionRequested)]
+    assert [c.command_id for c in commands] == two_g.partitions
+    assert commands[0].subject == "tangram.node.node-1.partition.requested"
+
+
+async def test_restart_rebuilds_state_and_never_decides_a_claim_twice(
+    bus: Bus, nats_server: NatsServer
+) -> None:
+    await bus.publish(inventory("l40s-8", "node-1"))
+    async with allocator(bus, nats_server.url):
+        for n in range(6):
+            await bus.publish(request(n, gpus(1)))
+        await until(bus, lambda e: len(decisions(e)) == 6)
+    async with allocator(bus, nats_server.url):
+        # The same claims again with new event ids (a client retrying), then claims that need more GPUs.
+        for n in range(6):
+            await bus.publish(request(n, gpus(1)))
+        await bus.publish(request(10, gpus(2)))
+        await bus.publish(request(11, gpus(1)))
+        events = await until(bus, lambda e: len(decisions(e)) == 8)
+    results = decisions(events)
+    assert sorted(e.uid for e in results) == sorted({e.uid for e in results})  # type: ignore[attr-defined]
+    devices = [d.device for e in results if isinstance(e, ClaimAllocated) for d in e.devices]
+    assert len(devices) == len(set(devices)) == 8
+    assert [type(e).__name__ for e in results[-2:]] == ["ClaimAllocated", "ClaimFailed"]
+
+
+async def test_bad_claims_fail_with_a_reason_and_garbage_goes_to_dead_letter(
+    bus: Bus, nats_server: NatsServer
+) -> None:
+    await bus.publish(inventory("l40s-8", "node-1"))
+    async with allocator(bus, nats_server.url):
+        bad = request(1, {"devices": {"requests": [{"name": "x", "exactly": {"deviceClassName": "nope"}}]}})
+        await bus.publish(bad)
+        await bus.jetstream.publish("tangram.claim.requested.junk", b'{"type": "claim.requested"}')
+        await bus.publish(
+            request(2, {"devices": {"requests": [{"name": "g", "exactly": {"count": "many"}}]}})
+        )
+        events = await until(bus, lambda e: len(decisions(e)) == 2)
+        letters = await until(bus, lambda e: len(e) == 1, DEADLETTER_STREAM)
+    unknown_class, invalid = decisions(events)
+    assert isinstance(unknown_class, ClaimFailed) and "nope" in unknown_class.reason
+    assert isinstance(invalid, ClaimFailed) and "invalid claim" in invalid.reason
+    [letter] = letters
+    assert isinstance(letter, DeadLetter) and letter.consumer == "allocator"
+    assert msgspec.json.decode(letter.data) == {"type": "claim.requested"}

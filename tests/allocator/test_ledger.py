@@ -1,0 +1,124 @@
+"""The allocator's fold over its log: decisions once, rebuilt state, releases, partition failures."""
+
+from __future__ import annotations
+
+from tangram.allocation import DeviceClass, FleetState
+from tangram.allocation.ledger import Ledger
+from tangram.events import (
+    ClaimAllocated,
+    ClaimFailed,
+    ClaimReleased,
+    Event,
+    MigPlacement,
+    PartitionFailed,
+    PartitionRequested,
+)
+from tangram.k8s.deviceclasses import load_shipped_device_classes
+
+from .helpers import gpus, inventory, mig, request
+
+CLASSES = {c.name: c for c in (DeviceClass.from_manifest(m) for m in load_shipped_device_classes())}
+
+
+def ledger() -> Ledger:
+    return Ledger(fleet=FleetState(), classes=CLASSES)
+
+
+def fold(target: Ledger, events: list[Event]) -> list[Event]:
+    out: list[Event] = []
+    for event in events:
+        out.extend(target.apply(event))
+    return out
+
+
+def test_whole_gpu_claim_is_allocated_once_even_when_redelivered() -> None:
+    book = ledger()
+    book.apply(inventory("l40s-8", "n1"), live=False)
+    claim = request(1, gpus(2))
+    first = book.apply(claim)
+    again = book.apply(claim)
+    assert [type(e) for e in first] == [ClaimAllocated]
+    allocated = first[0]
+    assert isinstance(allocated, ClaimAllocated)
+    assert allocated.node == "n1" and len(allocated.devices) == 2 and allocated.partitions == []
+    assert again == []
+
+
+def test_mig_claim_emits_the_partition_command_before_the_allocation() -> None:
+    book = ledger()
+    book.apply(inventory("dgx-h100", "n1"), live=False)
+    out = book.apply(request(1, mig("3g.40gb")))
+    assert [type(e) for e in out] == [PartitionRequested, ClaimAllocated]
+    command, allocated = out
+    assert isinstance(command, PartitionRequested) and isinstance(allocated, ClaimAllocated)
+    assert command.action == "create" and command.profile == "3g.40gb" and command.profile_id == 9
+    assert command.placement in (MigPlacement(start=0, size=4), MigPlacement(start=4, size=4))
+    assert command.subject == "tangram.node.n1.partition.requested"
+    assert allocated.partitions == [command.command_id]
+
+
+def test_decisions_have_the_same_event_ids_in_two_independent_ledgers() -> None:
+    events = [inventory("l40s-8", "n1"), request(1, gpus(1)), request(2, mig("1g.10gb"))]
+    one, two = ledger(), ledger()
+    assert [e.event_id for e in fold(one, events)] == [e.event_id for e in fold(two, events)]
+
+
+def test_rebuilt_ledger_never_hands_out_the_same_gpus_again() -> None:
+    live = ledger()
+    log: list[Event] = [inventory("l40s-8", "n1")]
+    live.apply(log[0], live=False)
+    for n in range(8):
+        claim = request(n, gpus(1))
+        log.append(claim)
+        log.extend(live.apply(claim))
+    taken = {d.device for e in log if isinstance(e, ClaimAllocated) for d in e.devices}
+    assert len(taken) == 8
+
+    rebuilt = ledger()
+    for event in log:
+        rebuilt.apply(event, live=False)
+    assert rebuilt.apply(request(3, gpus(1))) == []  # already decided in the log
+    [failed] = rebuilt.apply(request(99, gpus(1)))
+    assert isinstance(failed, ClaimFailed)
+    assert "0/1 nodes fit" in failed.reason
+
+
+def test_release_destroys_the_claims_mig_instance_once() -> None:
+    book = ledger()
+    book.apply(inventory("dgx-h100", "n1"), live=False)
+    command, allocated = book.apply(request(1, mig("1g.10gb")))
+    assert isinstance(command, PartitionRequested) and isinstance(allocated, ClaimAllocated)
+    release = ClaimReleased(key=allocated.uid, namespace="team", name="claim-1", uid=allocated.uid)
+    [destroy] = book.apply(release)
+    assert isinstance(destroy, PartitionRequested)
+    assert destroy.action == "destroy"
+    assert (destroy.gpu_index, destroy.placement, destroy.profile) == (
+        command.gpu_index,
+        command.placement,
+        "1g.10gb",
+    )
+    assert book.apply(release) == []
+
+
+def test_failed_partition_fails_the_claim_and_frees_its_placement() -> None:
+    book = ledger()
+    book.apply(inventory("dgx-h100", "n1"), live=False)
+    command, allocated = book.apply(request(1, mig("7g.80gb")))
+    assert isinstance(command, PartitionRequested) and isinstance(allocated, ClaimAllocated)
+    failure = PartitionFailed(
+        key="n1",
+        command_id=command.command_id,
+        node="n1",
+        action="create",
+        gpu_uuid=command.gpu_uuid,
+        profile=command.profile,
+        placement=command.placement,
+        claim_uid=allocated.uid,
+        nvml_error="NVML_ERROR_INSUFFICIENT_RESOURCES",
+        reason="slices in use",
+    )
+    out = book.apply(failure)
+    assert [type(e) for e in out] == [PartitionRequested, ClaimFailed]
+    assert isinstance(out[1], ClaimFailed)
+    assert "could not be created: slices in use" in out[1].reason
+    assert book.fleet.allocation(allocated.uid) is None
