@@ -1,0 +1,114 @@
+"""What the log says about one node's MIG instances: command outcomes, instances Tangram created,
+instances kept warm, and the live claims that own instances. Folded from events; no I/O."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from tangram.events import (
+    ClaimAllocated,
+    ClaimFailed,
+    ClaimReleased,
+    Event,
+    PartitionApplied,
+    PartitionFailed,
+)
+from tangram.partitioning.model import InstanceKey
+
+PartitionResult = PartitionApplied | PartitionFailed
+
+
+def kept_warm(event: PartitionApplied) -> bool:
+    """A destroy answered by keeping the instance: it still has its ids."""
+    return event.action == "destroy" and event.gpu_instance_id >= 0
+
+
+class PartitionLedger:
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self._outcomes: dict[str, PartitionResult] = {}
+        self._created: dict[InstanceKey, PartitionApplied] = {}  # by Tangram, not destroyed since
+        self._warm: dict[InstanceKey, PartitionApplied] = {}
+        self._claims: dict[str, ClaimAllocated] = {}  # live allocations on this node
+        self._owners: dict[InstanceKey, str] = {}  # instance -> live claim uid
+        self._whole_gpus: dict[str, set[str]] = {}  # GPU uuid -> live claims holding it whole
+
+    # ---- folding ----------------------------------------------------------------------------------------
+
+    def observe(self, event: Event) -> None:
+        match event:
+            case PartitionApplied(node=node) if node == self.node:
+                self._outcomes[event.command_id] = event
+                key = InstanceKey.of(event.gpu_uuid, event.placement)
+                if event.action == "create":
+                    self._created[key] = event
+                    self._warm.pop(key, None)
+                elif kept_warm(event):
+                    self._warm[key] = event
+                else:
+                    self._created.pop(key, None)
+                    self._warm.pop(key, None)
+            case PartitionFailed(node=node) if node == self.node:
+                self._outcomes[event.command_id] = event
+            case ClaimAllocated(node=node) if node == self.node:
+                self._drop_claim(event.uid)
+                self._claims[event.uid] = event
+                for device in event.devices:
+                    if device.placement is None:
+                        self._whole_gpus.setdefault(device.gpu_uuid, set()).add(event.uid)
+                    else:
+                        key = InstanceKey.of(device.gpu_uuid, device.placement)
+                        self._owners[key] = event.uid
+                        self._warm.pop(key, None)
+            case ClaimReleased(uid=uid) | ClaimFailed(uid=uid):
+                self._drop_claim(uid)
+            case _:
+                return
+
+    def _drop_claim(self, uid: str) -> None:
+        if self._claims.pop(uid, None) is None:
+            return
+        self._owners = {k: v for k, v in self._owners.items() if v != uid}
+        for holders in self._whole_gpus.values():
+            holders.discard(uid)
+
+    def record(self, result: PartitionResult) -> None:
+        """A result this process published (the follow delivers it again later; folding is idempotent)."""
+        self.observe(result)
+
+    def adopt(self, key: InstanceKey, claim_uid: str) -> None:
+        """An instance found on the GPU that a live claim's allocation names."""
+        self._owners[key] = claim_uid
+
+    # ---- questions --------------------------------------------------------------------------------------
+
+    def outcome(self, command_id: str) -> PartitionResult | None:
+        return self._outcomes.get(command_id)
+
+    def created(self, key: InstanceKey) -> PartitionApplied | None:
+        return self._created.get(key)
+
+    def created_keys(self) -> set[InstanceKey]:
+        return set(self._created)
+
+    def is_live(self, claim_uid: str) -> bool:
+        return claim_uid in self._claims
+
+    def owner(self, key: InstanceKey) -> str | None:
+        """The live claim whose allocation or creation holds this instance."""
+        owner = self._owners.get(key)
+        if owner is not None:
+            return owner
+        created = self._created.get(key)
+        if created is not None and created.claim_uid and self.is_live(created.claim_uid):
+            return created.claim_uid
+        return None
+
+    def whole_gpu_claimed(self, gpu_uuid: str) -> bool:
+        return bool(self._whole_gpus.get(gpu_uuid))
+
+    def is_warm(self, key: InstanceKey) -> bool:
+        return key in self._warm
+
+    def warm_counts(self) -> Counter[str]:
+        return Counter(event.profile for event in self._warm.values())

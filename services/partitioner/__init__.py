@@ -1,0 +1,1 @@
+"""The partitioner node service: executes MIG partition commands through NVML and reconciles at start."""

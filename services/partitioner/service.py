@@ -1,0 +1,120 @@
+"""Wires the partitioner to NVML and the bus: the log folded first, then reconciliation, then commands."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Mapping
+from typing import Any
+
+from services.partitioner.partitioner import Partitioner
+from services.partitioner.settings import PartitionerSettings
+from tangram.bus import partitioner_consumer
+from tangram.events import CLAIMS_STREAM, NODES_STREAM, Event, NodeHardware, subject_token
+from tangram.nvml import NvmlBackend, open_backend
+from tangram.nvml.inventory import read_node_hardware
+from tangram.nvml.migminors import load_mig_minors
+from tangram.partitioning import MigExecutor, PartitionLedger
+from tangram.service import ServiceContext
+
+log = logging.getLogger("tangram.partitioner")
+
+
+def follow_subjects(node: str) -> list[tuple[str, str]]:
+    """(stream, subject) pairs whose history and live events the ledger folds."""
+    token = subject_token(node)
+    return [
+        (CLAIMS_STREAM, "tangram.claim.allocated.>"),
+        (CLAIMS_STREAM, "tangram.claim.failed.>"),
+        (CLAIMS_STREAM, "tangram.claim.released.>"),
+        (NODES_STREAM, f"tangram.node.{token}.partition.applied"),
+        (NODES_STREAM, f"tangram.node.{token}.partition.failed"),
+    ]
+
+
+def open_nvml(settings: PartitionerSettings) -> NvmlBackend:
+    return open_backend(sim=settings.sim_machine, state_file=settings.state_file, real=settings.real)
+
+
+def load_minors(settings: PartitionerSettings) -> Mapping[str, int]:
+    """The MIG capability minors table: the given file, the driver's, or the simulator's own."""
+    return load_mig_minors(settings.mig_minors_file, simulated=settings.sim_machine is not None)
+
+
+async def run(ctx: ServiceContext, settings: PartitionerSettings) -> None:
+    node = settings.node_name
+    nvml = await asyncio.to_thread(open_nvml, settings)
+    ledger = PartitionLedger(node)
+    minors = load_minors(settings)
+
+    def read_hardware() -> NodeHardware:
+        return read_node_hardware(nvml, node, minors=minors)
+
+    async def publish(event: Event) -> object:
+        return await ctx.bus.publish(event)
+
+    partitioner = Partitioner(
+        node=node,
+        executor=MigExecutor(nvml, minors=minors),
+        ledger=ledger,
+        read_hardware=read_hardware,
+        publish=publish,
+        producer=f"partitioner@{node}",
+        warm_pool=settings.warm_pool,
+        claim_release_wait_s=settings.claim_release_wait_s,
+    )
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        caught_up = []
+        for stream, subject in follow_subjects(node):
+            done = asyncio.Event()
+            caught_up.append(done)
+            tasks.append(
+                asyncio.create_task(
+                    ctx.bus.follow(stream, subject, partitioner.observe, stop=ctx.stop, caught_up=done)
+                )
+            )
+        await _first(asyncio.gather(*(event.wait() for event in caught_up)), tasks)
+        findings = await partitioner.reconcile(settings.clean_orphans)
+        log.info(
+            "reconciled",
+            extra={"findings": {f.kind: sum(g.kind == f.kind for g in findings) for f in findings}},
+        )
+        tasks.append(asyncio.create_task(partitioner.inventory_loop(ctx.stop)))
+        spec = partitioner_consumer(node)
+        for _ in range(settings.workers):
+            bound = asyncio.Event()
+            tasks.append(
+                asyncio.create_task(
+                    ctx.bus.consume(spec, partitioner.handle, stop=ctx.stop, batch=1, ready=bound)
+                )
+            )
+            await _first(bound.wait(), tasks)
+        ctx.ready.set()
+        log.info("partitioner ready", extra={"workers": settings.workers})
+        await _first(ctx.stop.wait(), tasks)
+    finally:
+        ctx.stop.set()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        nvml.nvmlShutdown()
+    for result in results:
+        if isinstance(result, Exception):
+            raise result
+
+
+async def _first(awaitable: Awaitable[object], tasks: list[asyncio.Task[None]]) -> None:
+    """Wait for `awaitable`, unless a background task fails first (then that failure is raised)."""
+    waiter: asyncio.Future[object] = asyncio.ensure_future(awaitable)
+    try:
+        while not waiter.done():
+            pending: list[asyncio.Future[Any]] = [waiter, *tasks]
+            await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in tasks:
+                failure = task.exception() if task.done() and not task.cancelled() else None
+                if failure is not None:
+                    raise failure
+        waiter.result()
+    finally:
+        if not waiter.done():
+            waiter.cancel()
+            await asyncio.gather(waiter, return_exceptions=True)
