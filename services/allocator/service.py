@@ -17,6 +17,7 @@ from tangram.bus import allocator_consumer, allocator_results_consumer
 from tangram.events import (
     CLAIMS_STREAM,
     INVENTORY_STREAM,
+    NODES_STREAM,
     ClaimAllocated,
     ClaimFailed,
     ClaimRequested,
@@ -53,8 +54,13 @@ def load_device_classes(extra: Path | None) -> dict[str, DeviceClass]:
 async def rebuild(ctx: ServiceContext, ledger: Ledger) -> int:
     started = time.perf_counter()
     count = 0
-    for stream in (INVENTORY_STREAM, CLAIMS_STREAM):
-        async for _, event in ctx.bus.replay(stream):
+    sources: list[tuple[str, list[str]]] = [
+        (INVENTORY_STREAM, []),
+        (CLAIMS_STREAM, []),
+        (NODES_STREAM, ["tangram.node.*.partition.applied", "tangram.node.*.partition.failed"]),
+    ]
+    for stream, subjects in sources:
+        async for _, event in ctx.bus.replay(stream, subjects=subjects):
             ledger.apply(event, live=False)
             count += 1
     elapsed = time.perf_counter() - started

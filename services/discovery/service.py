@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Mapping
 
 from prometheus_client import Counter, Gauge
 
@@ -13,6 +14,7 @@ from services.discovery.settings import DiscoverySettings
 from tangram.events import DeviceHealthChanged, NodeHardware, NodeInventory, subject_token
 from tangram.nvml import NvmlBackend, open_backend
 from tangram.nvml.inventory import read_node_hardware
+from tangram.nvml.migminors import MigMinorsError, load_mig_minors
 from tangram.service import ServiceContext
 
 log = logging.getLogger("tangram.discovery")
@@ -25,8 +27,11 @@ XIDS = Counter("tangram_discovery_xid_events_total", "XID events seen", ["xid"])
 class InventoryPublisher:
     """Reads NVML, publishes when the hardware picture changed (or when asked to)."""
 
-    def __init__(self, ctx: ServiceContext, nvml: NvmlBackend, node: str) -> None:
+    def __init__(
+        self, ctx: ServiceContext, nvml: NvmlBackend, node: str, minors: Mapping[str, int] | None
+    ) -> None:
         self._ctx = ctx
+        self._minors = minors
         self._nvml = nvml
         self._node = node
         self._token = subject_token(node)
@@ -73,7 +78,7 @@ async def run(ctx: ServiceContext, settings: DiscoverySettings) -> None:
     nvml = await asyncio.to_thread(
         open_backend, sim=settings.sim, state_file=settings.state_file, real=settings.real
     )
-    publisher = InventoryPublisher(ctx, nvml, settings.node_name)
+    publisher = InventoryPublisher(ctx, nvml, settings.node_name, _minors(settings))
     loop = asyncio.get_running_loop()
     xids: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
 
@@ -94,6 +99,15 @@ async def run(ctx: ServiceContext, settings: DiscoverySettings) -> None:
     finally:
         await asyncio.to_thread(watcher.stop)
         await asyncio.to_thread(nvml.nvmlShutdown)
+
+
+def _minors(settings: DiscoverySettings) -> Mapping[str, int] | None:
+    """Without the table, MIG instances are published without capability minors (and logged)."""
+    try:
+        return load_mig_minors(settings.mig_minors_file, simulated=settings.sim is not None)
+    except MigMinorsError as error:
+        log.warning("MIG capability minors unavailable", extra={"error": str(error)})
+        return None
 
 
 async def _handle_xid(

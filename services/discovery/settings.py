@@ -16,6 +16,7 @@ class DiscoverySettings(NodeSettings):
     state_file: Path | None = None  # simulated GPU state shared with the node's other services
     real: bool = False
     refresh_s: float = Field(default=10.0, gt=0)  # re-read NVML this often; publish only on change
+    mig_minors_file: Path | None = None  # default: the driver's /proc/driver/nvidia-caps/mig-minors
 
     @model_validator(mode="after")
     def _one_backend(self) -> DiscoverySettings:
@@ -32,6 +33,7 @@ def parse_settings(argv: list[str] | None = None) -> DiscoverySettings:
     parser.add_argument("--state-file", default=env("TANGRAM_SIM_STATE_FILE"))
     parser.add_argument("--real", action="store_true", default=env("TANGRAM_REAL_NVML") == "1")
     parser.add_argument("--refresh", type=float, default=float(env("TANGRAM_REFRESH_SECONDS", "10")))
+    parser.add_argument("--mig-minors-file", default=env("TANGRAM_MIG_MINORS_FILE"))
     args = parser.parse_args(argv)
     return DiscoverySettings(
         **service_fields(args),  # type: ignore[arg-type]
@@ -39,4 +41,5 @@ def parse_settings(argv: list[str] | None = None) -> DiscoverySettings:
         state_file=args.state_file,
         real=args.real,
         refresh_s=args.refresh,
+        mig_minors_file=args.mig_minors_file,
     )

@@ -96,6 +96,7 @@ def mig_allocation(uid: str, *, start: int = 0, command_id: str = "cmd-1") -> Cl
                 profile="1g.10gb",
                 profile_id=19,
                 placement=MigPlacement(start=start, size=1),
+                partition_command=command_id,
             )
         ],
         partitions=[command_id],

@@ -12,11 +12,14 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import msgspec
+
 from tangram.allocation.fleet import FleetState
 from tangram.allocation.model import Allocated, Claim, PartitionPlan, Policy
 from tangram.allocation.spec import DeviceClass
 from tangram.events import (
     ClaimAllocated,
+    MigPlacement,
     ClaimFailed,
     ClaimReleased,
     ClaimRequested,
@@ -45,6 +48,7 @@ class Ledger:
     released: set[str] = field(default_factory=set)
     claims: dict[str, tuple[str, str]] = field(default_factory=dict)  # uid -> (namespace, name)
     commands: dict[str, str] = field(default_factory=dict)  # create command id -> claim uid
+    created: dict[str, str] = field(default_factory=dict)  # create command id -> MIG device UUID
 
     def observe(self, event: Event) -> None:
         """Fold an event that can produce no output (inventory)."""
@@ -71,8 +75,8 @@ class Ledger:
                 uid = self.commands.get(command_id, event.claim_uid)
                 if self.decided.get(uid) == "allocated" and uid not in self.released:
                     return self._fail_after_partition(uid, event)
-            case PartitionApplied():
-                pass
+            case PartitionApplied(action="create", command_id=command_id, mig_uuid=mig_uuid):
+                self.created[command_id] = mig_uuid
             case _:
                 pass
         return []
@@ -95,8 +99,16 @@ class Ledger:
             ]
         self.decided[request.uid] = "allocated"
         commands = [self._command(request.uid, decision.node, plan, "create") for plan in decision.partitions]
+        by_slot: dict[tuple[int, MigPlacement | None], str] = {}
         for command in commands:
             self.commands[command.command_id] = request.uid
+            by_slot[(command.gpu_index, command.placement)] = command.command_id
+        devices = [
+            msgspec.structs.replace(d, partition_command=by_slot[(d.gpu_index, d.placement)])
+            if (d.gpu_index, d.placement) in by_slot
+            else d
+            for d in decision.devices
+        ]
         allocated = ClaimAllocated(
             key=request.key,
             event_id=derived_id(request.uid, "allocated"),
@@ -105,7 +117,7 @@ class Ledger:
             name=request.name,
             uid=request.uid,
             node=decision.node,
-            devices=decision.devices,
+            devices=devices,
             partitions=[c.command_id for c in commands],
             config=decision.config,
         )
@@ -144,7 +156,20 @@ class Ledger:
         release = self.fleet.release(uid)
         if release.node is None:
             return []
-        return [self._command(uid, release.node, plan, "destroy") for plan in release.destroy]
+        node = release.node
+        return [self._command(uid, node, self._instance_of(uid, plan), "destroy") for plan in release.destroy]
+
+    def _instance_of(self, uid: str, plan: PartitionPlan) -> PartitionPlan:
+        """Name the instance the claim's own create produced, never one seen at that placement before.
+
+        A placement is reused as claims come and go, so an inventory read may still show the
+        previous instance there. Without a create result yet, the UUID is left empty and the
+        partitioner destroys the instance it created for this claim at that placement.
+        """
+        create = derived_id(uid, "create", plan.gpu_index, plan.profile_id, plan.placement.start)
+        if create in self.commands:
+            return msgspec.structs.replace(plan, mig_uuid=self.created.get(create, ""))
+        return plan
 
     def _fail_after_partition(self, uid: str, failure: PartitionFailed) -> list[Event]:
         destroy = self._release(uid)

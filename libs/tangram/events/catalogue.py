@@ -48,6 +48,7 @@ class AllocatedDevice(msgspec.Struct, frozen=True, kw_only=True):
     profile_id: int | None = None
     placement: MigPlacement | None = None
     admin_access: bool = False
+    partition_command: str = ""  # the command creating this MIG instance; "" when it already exists
 
 
 class ClaimAllocated(Event, tag="claim.allocated", frozen=True, kw_only=True):

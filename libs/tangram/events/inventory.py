@@ -48,6 +48,8 @@ class MigInstance(msgspec.Struct, frozen=True, kw_only=True):
     gpu_instance_id: int
     compute_instance_id: int
     in_use: bool = False  # processes are running on it
+    gi_cap_minor: int = -1  # /dev/nvidia-caps/nvidia-cap<N> of the GPU instance, -1 when unknown
+    ci_cap_minor: int = -1  # ... of the compute instance
 
 
 class GpuInfo(msgspec.Struct, frozen=True, kw_only=True):

@@ -34,9 +34,6 @@ class AllocationSource(Protocol):
         ...
 
 
-_InstanceKey = tuple[str, int, int]  # (parent GPU uuid, placement start, placement size)
-
-
 class _Pending(Exception):
     """Not ready yet: the message says what is awaited."""
 
@@ -50,7 +47,7 @@ class InMemoryAllocationSource:
         self._gpus_by_uuid: dict[str, GpuInfo] = {}
         self._allocations: dict[str, ClaimAllocated] = {}
         self._claim_failures: dict[str, str] = {}
-        self._instances: dict[_InstanceKey, PartitionApplied] = {}
+        self._created: dict[str, PartitionApplied] = {}  # create results by command id
         self._partition_failures: dict[str, PartitionFailed] = {}  # by command id
         self._changed = asyncio.Event()
 
@@ -69,14 +66,12 @@ class InMemoryAllocationSource:
                 self._allocations.pop(uid, None)
                 self._claim_failures[uid] = reason
             case ClaimReleased(uid=uid):
-                self._allocations.pop(uid, None)
+                released = self._allocations.pop(uid, None)
                 self._claim_failures.pop(uid, None)
-            case PartitionApplied(node=node) if node == self.node:
-                key = (event.gpu_uuid, event.placement.start, event.placement.size)
-                if event.action == "create":
-                    self._instances[key] = event
-                else:
-                    self._instances.pop(key, None)
+                for command_id in released.partitions if released is not None else []:
+                    self._created.pop(command_id, None)
+            case PartitionApplied(node=node, action="create") if node == self.node:
+                self._created[event.command_id] = event
             case PartitionFailed(node=node) if node == self.node and event.action == "create":
                 self._partition_failures[event.command_id] = event
             case _:
@@ -119,6 +114,26 @@ class InMemoryAllocationSource:
             claim=claim, devices=[self._resolve_device(device) for device in allocation.devices]
         )
 
+    def _instance_for(self, device: AllocatedDevice, gpu: GpuInfo) -> PartitionApplied:
+        """The claim's own create result; an instance found in the inventory only when none was made.
+
+        Placements are reused as claims come and go, so an instance seen at the same slices before
+        may be a previous claim's: only the result of this allocation's own command counts.
+        """
+        placement = device.placement
+        assert placement is not None
+        if device.partition_command:
+            result = self._created.get(device.partition_command)
+            existing = result if result is not None and result.gpu_uuid == gpu.uuid else None
+        else:
+            existing = _existing_instance(gpu, device)
+        if existing is None:
+            raise _Pending(
+                f"waiting for MIG instance {device.profile} at slices {placement.start}+{placement.size} "
+                f"of GPU {gpu.uuid}"
+            )
+        return existing
+
     def _resolve_device(self, device: AllocatedDevice) -> ResolvedDevice:
         gpu = self._gpus_by_uuid.get(device.gpu_uuid) or self._gpus_by_index.get(device.gpu_index)
         if gpu is None or gpu.uuid != device.gpu_uuid:
@@ -133,16 +148,11 @@ class InMemoryAllocationSource:
         )
         if device.placement is None:
             return whole_gpu
-        placement = device.placement
-        instance = self._instances.get((gpu.uuid, placement.start, placement.size))
-        if instance is None:
-            raise _Pending(
-                f"waiting for MIG instance {device.profile} at slices {placement.start}+{placement.size} "
-                f"of GPU {gpu.uuid}"
-            )
+        instance = self._instance_for(device, gpu)
         if not instance.mig_uuid or instance.gi_cap_minor < 0 or instance.ci_cap_minor < 0:
             raise AllocationUnavailable(
-                f"MIG instance at slices {placement.start}+{placement.size} of GPU {gpu.uuid} was reported "
+                f"MIG instance at slices {instance.placement.start}+{instance.placement.size} of GPU {gpu.uuid} "
+                "was reported "
                 "without its UUID or capability device minors"
             )
         return msgspec.structs.replace(
@@ -152,3 +162,30 @@ class InMemoryAllocationSource:
             gi_cap_minor=instance.gi_cap_minor,
             ci_cap_minor=instance.ci_cap_minor,
         )
+
+
+def _existing_instance(gpu: GpuInfo, device: AllocatedDevice) -> PartitionApplied | None:
+    """An instance the inventory shows at exactly the allocated placement (made before the claim).
+
+    The allocator reuses such instances without a partition command, so no PartitionApplied
+    names them; the inventory carries their UUID and capability minors instead.
+    """
+    placement = device.placement
+    for instance in gpu.mig_instances:
+        if placement is not None and instance.placement == placement and instance.compute_instance_id >= 0:
+            return PartitionApplied(
+                key="inventory",
+                command_id="",
+                node="",
+                action="create",
+                gpu_uuid=gpu.uuid,
+                gpu_index=gpu.index,
+                profile=instance.profile,
+                placement=instance.placement,
+                mig_uuid=instance.uuid,
+                gpu_instance_id=instance.gpu_instance_id,
+                compute_instance_id=instance.compute_instance_id,
+                gi_cap_minor=instance.gi_cap_minor,
+                ci_cap_minor=instance.ci_cap_minor,
+            )
+    return None

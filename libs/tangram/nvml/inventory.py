@@ -18,6 +18,7 @@ from tangram.hardware.catalogue import (
 from tangram.hardware.topology import PairFacts, compute_links, nvlink_domains
 from tangram.nvml import calls
 from tangram.nvml.backend import Device, NvmlBackend
+from tangram.nvml.migminors import capability_minors
 
 _GI_PROFILE_INDEXES = range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT)
 _CI_PROFILE_INDEXES = range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT)
@@ -219,10 +220,15 @@ def _clique(nvml: NvmlBackend, device: Device) -> str | None:
 
 
 def read_node_hardware(
-    nvml: NvmlBackend, node: str, *, health: Mapping[int, tuple[str, str]] | None = None
+    nvml: NvmlBackend,
+    node: str,
+    *,
+    health: Mapping[int, tuple[str, str]] | None = None,
+    minors: Mapping[str, int] | None = None,
 ) -> NodeHardware:
     """The node's inventory. `health` overrides per GPU index (from an XID watcher), e.g.
-    {3: ("unhealthy", "XID 79")}. NVML must be initialised by the caller."""
+    {3: ("unhealthy", "XID 79")}; `minors` is the mig-minors table, so that existing MIG instances
+    carry the capability minors their device nodes need. NVML must be initialised by the caller."""
     count = nvml.nvmlDeviceGetCount()
     devices = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
     gpus: list[GpuInfo] = []
@@ -260,7 +266,12 @@ def read_node_hardware(
     groups = _switch_groups(switch_sets)
     domains = nvlink_domains(node, list(range(count)), links, switch_groups=groups, cliques=cliques)
     gpus = [
-        msgspec.structs.replace(g, nvlink_domain=domains[g.index], clique_id=cliques.get(g.index))
+        msgspec.structs.replace(
+            g,
+            nvlink_domain=domains[g.index],
+            clique_id=cliques.get(g.index),
+            mig_instances=_with_minors(g, minors) if minors else g.mig_instances,
+        )
         for g in gpus
     ]
     return NodeHardware(
@@ -270,6 +281,14 @@ def read_node_hardware(
         gpus=gpus,
         links=links,
     )
+
+
+def _with_minors(gpu: GpuInfo, minors: Mapping[str, int]) -> list[MigInstance]:
+    result = []
+    for instance in gpu.mig_instances:
+        gi, ci = capability_minors(minors, gpu.minor, instance.gpu_instance_id, instance.compute_instance_id)
+        result.append(msgspec.structs.replace(instance, gi_cap_minor=gi, ci_cap_minor=ci))
+    return result
 
 
 def _switch_groups(switch_sets: list[set[str]]) -> dict[int, str]:

@@ -8,6 +8,7 @@ instance id i (0..14) and each compute instance id c (0..7): `gpu<g>/gi<i>/acces
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 MIG_MINORS_FILE = Path("/proc/driver/nvidia-caps/mig-minors")
@@ -64,3 +65,21 @@ def mig_capability_minors(
         if key not in minors:
             raise MigMinorsError(f"{minors_file} has no entry {key}")
     return minors[gi_key], minors[ci_key]
+
+
+def load_mig_minors(minors_file: Path | None = None, *, simulated: bool = False) -> dict[str, int]:
+    """The capability minors table: the given file, the driver's own, or (simulated) the static one."""
+    if minors_file is None and simulated:
+        return parse_mig_minors(render_mig_minors())
+    path = minors_file or MIG_MINORS_FILE
+    try:
+        return parse_mig_minors(path.read_text(encoding="ascii"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MigMinorsError(f"cannot read the MIG capability minors from {path}: {exc}") from None
+
+
+def capability_minors(minors: Mapping[str, int], gpu_minor: int, gi_id: int, ci_id: int) -> tuple[int, int]:
+    """(GPU-instance minor, compute-instance minor), or (-1, -1) where the table has no entry."""
+    gi = minors.get(f"gpu{gpu_minor}/gi{gi_id}/access", -1)
+    ci = minors.get(f"gpu{gpu_minor}/gi{gi_id}/ci{ci_id}/access", -1)
+    return gi, ci
