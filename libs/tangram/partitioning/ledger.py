@@ -56,7 +56,10 @@ class PartitionLedger:
                 for device in event.devices:
                     if device.placement is None:
                         self._whole_gpus.setdefault(device.gpu_uuid, set()).add(event.uid)
-                    else:
+                    elif not device.partition_command:
+                        # A reused instance belongs to the claim from its allocation on. One still
+                        # to be created belongs to it only through its own create result: until
+                        # then the instance at those slices is a previous claim's, on its way out.
                         key = InstanceKey.of(device.gpu_uuid, device.placement)
                         self._owners[key] = event.uid
                         self._warm.pop(key, None)
