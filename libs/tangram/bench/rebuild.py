@@ -1,0 +1,203 @@
+"""`tangram bench rebuild`: the allocator's cold restart, its state folded again from the JetStream log.
+
+The log is made the way production makes it: node inventories, then claim requests decided by a
+live Ledger, its decisions and some releases, all published to an embedded nats-server. A fresh
+Ledger then folds the inventory stream and the claims stream in that order (as the allocator
+service's `rebuild` does). Three figures: the fold alone (events already decoded in memory),
+replay + fold, and the bus floor (replay without folding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tangram.allocation import FleetState
+from tangram.allocation.ledger import Ledger
+from tangram.bench.traces import FLEET_MIX, Arrival, build_fleet, churn_trace, claim_spec, mean_demand
+from tangram.bus import Bus, BusConfig
+from tangram.events import (
+    CLAIMS_STREAM,
+    INVENTORY_STREAM,
+    ClaimAllocated,
+    ClaimFailed,
+    ClaimReleased,
+    ClaimRequested,
+    Event,
+    NodeInventory,
+    subject_token,
+)
+from tangram.natsserver import NatsServer
+
+TARGET_EVENTS_PER_S = 50_000.0
+REBUILD_STREAMS = (INVENTORY_STREAM, CLAIMS_STREAM)
+CHUNK = 1000
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--claims", type=int, default=20_000, help="claim requests in the log")
+    parser.add_argument("--nodes", type=int, default=100, help="nodes whose inventories are in the log")
+    parser.add_argument("--machine", default="hgx-h200")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--load", type=float, default=0.75, help="share of the fleet the live claims ask for")
+    parser.add_argument("--nats-url", default=None, help="use this server instead of an embedded one")
+
+
+def make_log(
+    machine: str, nodes: int, claims: int, seed: int, load: float
+) -> tuple[list[Event], list[Event], Ledger]:
+    """(inventory events, claims-stream events, the live Ledger that decided them)."""
+    from tangram.bench.traces import shipped_classes  # noqa: PLC0415
+
+    hardware = build_fleet([(machine, nodes)])
+    inventory: list[Event] = [
+        NodeInventory(key=subject_token(hw.node), producer="discovery", hardware=hw, generation=1)
+        for hw in hardware
+    ]
+    live = Ledger(FleetState(), shipped_classes())
+    for inventory_event in inventory:
+        live.observe(inventory_event)
+    gpus = sum(len(hw.gpus) for hw in hardware)
+    log: list[Event] = []
+    specs: dict[str, dict[str, Any]] = {}
+    for op in churn_trace(seed, claims, load * gpus / mean_demand(FLEET_MIX), FLEET_MIX):
+        if isinstance(op, Arrival):
+            spec = specs.setdefault(op.shape.label, claim_spec(op.shape))
+            event: Event = ClaimRequested(
+                key=op.uid, producer="controller", namespace="bench", name=op.uid, uid=op.uid, spec=spec
+            )
+        else:
+            event = ClaimReleased(
+                key=op.uid, producer="controller", namespace="bench", name=op.uid, uid=op.uid
+            )
+        log.append(event)
+        # Partition commands go to the per-node stream, which the allocator does not replay.
+        log.extend(e for e in live.apply(event) if e.stream == CLAIMS_STREAM)
+    return inventory, log, live
+
+
+def fold(ledger: Ledger, events: list[Event]) -> None:
+    for event in events:
+        ledger.apply(event, live=False)
+
+
+async def _replay(bus: Bus, each: Callable[[Event], object]) -> int:
+    count = 0
+    for stream in REBUILD_STREAMS:
+        async for _, event in bus.replay(stream):
+            each(event)
+            count += 1
+    return count
+
+
+def _rate(events: int, seconds: float) -> float:
+    return round(events / seconds, 1) if seconds > 0 else 0.0
+
+
+async def _measure(bus: Bus, inventory: list[Event], log: list[Event], live: Ledger) -> dict[str, Any]:
+    from tangram.bench.traces import shipped_classes  # noqa: PLC0415
+
+    started = time.perf_counter()
+    for events in (inventory, log):
+        for offset in range(0, len(events), CHUNK):
+            await bus.publish_batch(events[offset : offset + CHUNK])
+    publish_s = time.perf_counter() - started
+
+    classes = shipped_classes()
+    started = time.perf_counter()
+    floor_events = await _replay(bus, lambda _: None)
+    floor_s = time.perf_counter() - started
+
+    rebuilt = Ledger(FleetState(), classes)
+    started = time.perf_counter()
+    replay_events = await _replay(bus, lambda e: rebuilt.apply(e, live=False))
+    replay_fold_s = time.perf_counter() - started
+
+    decoded: list[Event] = []
+    await _replay(bus, decoded.append)
+    alone = Ledger(FleetState(), classes)
+    started = time.perf_counter()
+    fold(alone, [e for e in decoded if e.stream == INVENTORY_STREAM])
+    inventory_fold_s = time.perf_counter() - started
+    started = time.perf_counter()
+    fold(alone, [e for e in decoded if e.stream == CLAIMS_STREAM])
+    claims_fold_s = time.perf_counter() - started
+    fold_s = inventory_fold_s + claims_fold_s
+
+    total = len(inventory) + len(log)
+    fold_rate = _rate(total, fold_s)
+    replay_rate = _rate(replay_events, replay_fold_s)
+    floor_rate = _rate(floor_events, floor_s)
+    return {
+        "published_events_per_s": _rate(total, publish_s),
+        "replayed_events": replay_events,
+        "fold": {
+            "events_per_s": fold_rate,
+            "seconds": round(fold_s, 3),
+            "inventory_events_per_s": _rate(len(inventory), inventory_fold_s),
+            "claims_events_per_s": _rate(len(log), claims_fold_s),
+        },
+        "replay_and_fold": {"events_per_s": replay_rate, "seconds": round(replay_fold_s, 3)},
+        "bus_floor": {"events_per_s": floor_rate, "seconds": round(floor_s, 3)},
+        "ratios": {
+            "replay_and_fold/bus_floor": round(replay_rate / floor_rate, 3) if floor_rate else None,
+            "fold/bus_floor": round(fold_rate / floor_rate, 3) if floor_rate else None,
+        },
+        "state_matches_live": rebuilt.fleet.snapshot() == live.fleet.snapshot()
+        and alone.fleet.snapshot() == live.fleet.snapshot()
+        and rebuilt.decided == live.decided,
+        "meets_target": replay_rate >= TARGET_EVENTS_PER_S,
+    }
+
+
+async def _run(args: argparse.Namespace) -> dict[str, Any]:
+    inventory, log, live = make_log(args.machine, args.nodes, args.claims, args.seed, args.load)
+    counts = {
+        kind.__name__: sum(isinstance(e, kind) for e in log)
+        for kind in (ClaimRequested, ClaimAllocated, ClaimFailed, ClaimReleased)
+    }
+    with tempfile.TemporaryDirectory(prefix="tangram-bench-") as store:
+        server = None if args.nats_url else NatsServer(Path(store)).start()
+        url = args.nats_url or server.url  # type: ignore[union-attr]  # one of the two is set
+        try:
+            bus = await Bus.connect(BusConfig(servers=(url,), name="bench-rebuild", producer="allocator"))
+            try:
+                await bus.ensure_streams()
+                figures = await _measure(bus, inventory, log, live)
+            finally:
+                await bus.close()
+        finally:
+            if server is not None:
+                server.stop()
+    return {
+        "benchmark": "rebuild",
+        "machine": args.machine,
+        "nodes": args.nodes,
+        "claims": args.claims,
+        "seed": args.seed,
+        "events": {"NodeInventory": len(inventory), **counts, "total": len(inventory) + len(log)},
+        "target_events_per_s": TARGET_EVENTS_PER_S,
+        **figures,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.claims < 1 or args.nodes < 1 or not 0 < args.load <= 2:
+        print(
+            "tangram bench rebuild: --claims and --nodes must be positive, --load in (0, 2]", file=sys.stderr
+        )
+        return 2
+    try:
+        result = asyncio.run(_run(args))
+    except (ValueError, OSError) as error:
+        print(f"tangram bench rebuild: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps(result))
+    return 0
