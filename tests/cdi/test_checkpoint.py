@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+
 from tangram.cdi import (
     CheckpointBody,
     CheckpointedClaim,

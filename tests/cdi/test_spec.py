@@ -8,6 +8,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
+
 from tangram.cdi import (
     CdiKind,
     CdiSpecWriter,
@@ -22,7 +23,6 @@ from tangram.cdi import (
     validate_spec,
     validate_spec_bytes,
 )
-
 from tests.kubelet.fakes import schema_validator
 
 TESTDATA = Path(__file__).parent / "testdata"

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 import pytest
-from tangram.dra.model import Device
 
+from tangram.dra.model import Device
 from tests.cel.devices import h100, mig_3g
 
 

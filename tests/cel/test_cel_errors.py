@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+
 from tangram.cel import (
     CelCompileError,
     CelRuntimeError,
@@ -12,7 +13,6 @@ from tangram.cel import (
     validate_selector,
 )
 from tangram.dra.model import Device, Version
-
 from tests.cel.devices import h100
 
 

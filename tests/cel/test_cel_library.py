@@ -5,6 +5,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 import pytest
+
 from tangram.cel import compile_selector
 from tangram.cel.quantity import parse_quantity
 from tangram.cel.semver import Semver, compare_semver, parse_semver

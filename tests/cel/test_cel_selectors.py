@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+
 from tangram.cel import DeviceActivation, compile_selector
 from tangram.dra.model import Device
-
 from tests.cel.devices import h100
 
 GPU_DOMAIN = 'device.attributes["gpu.tangram.dev"]'

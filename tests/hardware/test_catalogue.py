@@ -1,4 +1,5 @@
 import pytest
+
 from tangram.hardware.catalogue import PRODUCTS, product, product_by_nvml_name, product_by_pci_device_id
 
 

@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+
 from tangram.hardware.machines import MachineError, list_machines, load_machine
 
 

@@ -1,4 +1,5 @@
 import pytest
+
 from tangram.events.inventory import GpuLink
 from tangram.hardware.topology import Topology, nvlink_domains, pair_score
 

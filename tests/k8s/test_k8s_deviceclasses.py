@@ -6,6 +6,7 @@ import cel
 import pytest
 from k8s_nodes import h100_node
 from k8s_schema import validate_strictly
+
 from tangram.dra import node_devices
 from tangram.k8s import load_shipped_device_classes, render_slices
 from tangram.k8s.deviceclasses import shipped_manifest_paths

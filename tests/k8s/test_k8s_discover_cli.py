@@ -4,6 +4,7 @@ from pathlib import Path
 import pynvml
 import pytest
 from k8s_schema import validate_strictly
+
 from tangram.cli import main
 from tangram.events import NodeInventory, decode
 from tangram.nvml import open_backend

@@ -4,6 +4,7 @@ import copy
 from typing import Any
 
 import pytest
+
 from tangram.k8s import check_limits
 
 

@@ -1,4 +1,5 @@
 import pytest
+
 from tangram.k8s import binary_quantity, decimal_quantity
 
 

@@ -4,6 +4,7 @@ from typing import Any
 
 import pytest
 from k8s_schema import validate_strictly
+
 from tangram.dra import node_devices
 from tangram.events.inventory import NodeHardware
 from tangram.hardware.machines import list_machines

@@ -6,6 +6,7 @@ import msgspec
 import pytest
 from k8s_nodes import H100_DEVICES_PER_GPU, H100_PROFILES, a100_node, h100_node, l40s_node
 from k8s_schema import validate_strictly
+
 from tangram.dra import CounterConsumption, CounterSet, node_devices
 from tangram.events.inventory import GpuInfo, NodeHardware
 from tangram.k8s import SliceRenderError, check_limits, render_slices

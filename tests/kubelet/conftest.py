@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tangram.kubelet import ClaimEvent, InMemoryAllocationSource, KubeletPlugin, PluginConfig, build_plugin
 
+from tangram.kubelet import ClaimEvent, InMemoryAllocationSource, KubeletPlugin, PluginConfig, build_plugin
 from tests.kubelet.fakes import NODE, TestKubelet, inventory
 
 

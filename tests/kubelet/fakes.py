@@ -11,6 +11,7 @@ import grpc
 import jsonschema  # type: ignore[import-untyped]
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
+
 from tangram.events import (
     AllocatedDevice,
     ClaimAllocated,

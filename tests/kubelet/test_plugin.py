@@ -8,7 +8,6 @@ import stat
 
 from tangram.events import ClaimPrepared, ClaimUnprepared
 from tangram.kubelet import InMemoryAllocationSource
-
 from tests.kubelet.conftest import PluginHarness
 from tests.kubelet.fakes import (
     GPU1,

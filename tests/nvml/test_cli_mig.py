@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+
 from tangram.cli import main
 from tangram.nvml import calls
 from tangram.nvml.sim import SimNvml

@@ -1,6 +1,7 @@
 from itertools import combinations
 
 import pytest
+
 from tangram.hardware.machines import list_machines
 from tangram.hardware.topology import Topology
 from tangram.nvml.inventory import read_node_hardware, semver_driver

@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+
 from tangram.nvml import mig_capability_minors, parse_mig_minors
 from tangram.nvml.migminors import MigMinorsError
 from tangram.nvml.sim import SimNvml

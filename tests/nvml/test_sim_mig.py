@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pynvml
 import pytest
+
 from tangram.nvml import calls
 from tangram.nvml.inventory import read_node_hardware
 from tangram.nvml.sim import SimNvml

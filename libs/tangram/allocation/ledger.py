@@ -19,11 +19,11 @@ from tangram.allocation.model import Allocated, Claim, PartitionPlan, Policy
 from tangram.allocation.spec import DeviceClass
 from tangram.events import (
     ClaimAllocated,
-    MigPlacement,
     ClaimFailed,
     ClaimReleased,
     ClaimRequested,
     Event,
+    MigPlacement,
     NodeInventory,
     PartitionApplied,
     PartitionFailed,

@@ -151,9 +151,8 @@ class InMemoryAllocationSource:
         instance = self._instance_for(device, gpu)
         if not instance.mig_uuid or instance.gi_cap_minor < 0 or instance.ci_cap_minor < 0:
             raise AllocationUnavailable(
-                f"MIG instance at slices {instance.placement.start}+{instance.placement.size} of GPU {gpu.uuid} "
-                "was reported "
-                "without its UUID or capability device minors"
+                f"MIG instance at slices {instance.placement.start}+{instance.placement.size} "
+                f"of GPU {gpu.uuid} was reported without its UUID or capability device minors"
             )
         return msgspec.structs.replace(
             whole_gpu,

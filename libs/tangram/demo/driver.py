@@ -1,0 +1,213 @@
+"""Drives the local cluster: submits claims, acts as kubelet, releases them, and counts what happened."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from nats.aio.msg import Msg
+
+from tangram.bus import Bus, BusConfig
+from tangram.demo.cluster import LocalCluster
+from tangram.demo.display import describe
+from tangram.demo.scenario import DemoClaim, churn, opening
+from tangram.events import (
+    ClaimAllocated,
+    ClaimFailed,
+    ClaimReleased,
+    ClaimRequested,
+    Event,
+    EventDecodeError,
+    NodeInventory,
+    PartitionApplied,
+    PartitionFailed,
+    PartitionRequested,
+    decode,
+)
+from tangram.kubelet.client import ClaimHandle, KubeletClient
+
+DECISION_TIMEOUT_S = 30.0
+
+
+@dataclass
+class Tracker:
+    """Watches every Tangram subject (core NATS sees what JetStream stores) and prints one line each."""
+
+    started: float
+    out: Callable[[str], None]
+    counts: Counter[str] = field(default_factory=Counter)
+    decisions: dict[str, asyncio.Future[Event]] = field(default_factory=dict)
+    inventories: dict[str, NodeInventory] = field(default_factory=dict)
+    destroy_requested: set[str] = field(default_factory=set)
+    destroy_done: set[str] = field(default_factory=set)
+    mig_created: int = 0
+
+    async def on_message(self, msg: Msg) -> None:
+        try:
+            event = decode(msg.data)
+        except EventDecodeError:
+            self.counts["undecodable"] += 1
+            return
+        self.counts[event.type_name()] += 1
+        self.out(f"+{time.monotonic() - self.started:7.2f}s  {event.type_name():<19} {describe(event)}")
+        match event:
+            case NodeInventory(hardware=hw):
+                self.inventories[hw.node] = event
+            case ClaimAllocated(uid=uid) | ClaimFailed(uid=uid):
+                future = self.decisions.get(uid)
+                if future is not None and not future.done():
+                    future.set_result(event)
+            case PartitionRequested(action="destroy", command_id=command_id):
+                self.destroy_requested.add(command_id)
+            case PartitionApplied(action="create"):
+                self.mig_created += 1
+            case (
+                PartitionApplied(action="destroy", command_id=command_id)
+                | PartitionFailed(action="destroy", command_id=command_id)
+            ):
+                self.destroy_done.add(command_id)
+            case _:
+                pass
+
+
+@dataclass
+class Held:
+    claim: DemoClaim
+    uid: str
+    node: str
+
+
+@dataclass
+class Driver:
+    cluster: LocalCluster
+    bus: Bus
+    tracker: Tracker
+    ready_ms: list[float] = field(default_factory=list)
+    outcomes: Counter[str] = field(default_factory=Counter)
+    held: list[Held] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+
+    async def submit(self, claim: DemoClaim) -> Held | None:
+        uid = str(uuid.uuid4())
+        started = time.perf_counter()
+        future: asyncio.Future[Event] = asyncio.get_running_loop().create_future()
+        self.tracker.decisions[uid] = future
+        await self.bus.publish(
+            ClaimRequested(
+                key=uid, producer="demo", namespace=claim.namespace, name=claim.name, uid=uid, spec=claim.spec
+            )
+        )
+        try:
+            decision = await asyncio.wait_for(future, DECISION_TIMEOUT_S)
+        except TimeoutError:
+            self.outcomes["undecided"] += 1
+            return None
+        if isinstance(decision, ClaimFailed):
+            self.outcomes["failed"] += 1
+            self.reasons.append(f"{claim.namespace}/{claim.name}: {decision.reason}")
+            return None
+        assert isinstance(decision, ClaimAllocated)
+        self.outcomes["allocated"] += 1
+        async with KubeletClient(self.cluster.dra_socket(decision.node)) as kubelet:
+            prepared = await kubelet.prepare([ClaimHandle(claim.namespace, uid, claim.name)])
+        answer = prepared[uid]
+        if answer.error:
+            self.outcomes["prepare_failed"] += 1
+            self.reasons.append(f"{claim.namespace}/{claim.name}: prepare: {answer.error}")
+        else:
+            self.outcomes["ready"] += 1
+            self.ready_ms.append((time.perf_counter() - started) * 1000)
+        held = Held(claim, uid, decision.node)
+        self.held.append(held)
+        return held
+
+    async def release(self, held: Held) -> None:
+        self.held.remove(held)
+        async with KubeletClient(self.cluster.dra_socket(held.node)) as kubelet:
+            await kubelet.unprepare([ClaimHandle(held.claim.namespace, held.uid, held.claim.name)])
+        await self.bus.publish(
+            ClaimReleased(
+                key=held.uid,
+                producer="demo",
+                namespace=held.claim.namespace,
+                name=held.claim.name,
+                uid=held.uid,
+            )
+        )
+        self.outcomes["released"] += 1
+
+
+async def _wait_for_cluster(cluster: LocalCluster, tracker: Tracker, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        dead = cluster.dead()
+        if dead:
+            raise RuntimeError("a service died at start: " + "; ".join(dead))
+        nodes_seen = all(node.name in tracker.inventories for node in cluster.nodes)
+        sockets = all(cluster.dra_socket(node.name).exists() for node in cluster.nodes)
+        if nodes_seen and sockets:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"cluster not ready after {timeout_s:g}s (inventories and kubelet sockets)")
+        await asyncio.sleep(0.1)
+
+
+async def drive(
+    cluster: LocalCluster, *, duration_s: float, seed: int, out: Callable[[str], None]
+) -> dict[str, Any]:
+    started = time.monotonic()
+    tracker = Tracker(started=started, out=out)
+    bus = await Bus.connect(BusConfig(servers=(cluster.url,), name="demo", producer="demo"), wait_s=10)
+    subscription = await bus.nats.subscribe("tangram.>", cb=tracker.on_message)
+    try:
+        await bus.ensure_streams()
+        await _wait_for_cluster(cluster, tracker)
+        driver = Driver(cluster, bus, tracker)
+        for claim in opening():
+            await driver.submit(claim)
+        rng = random.Random(seed)  # noqa: S311 - a reproducible workload, not a secret
+        number = 0
+        while time.monotonic() - started < duration_s:
+            number += 1
+            releasable = [h for h in driver.held if not h.claim.hold]
+            if releasable and (len(releasable) > 6 or rng.random() < 0.4):
+                await driver.release(rng.choice(releasable))
+            else:
+                await driver.submit(churn(rng, number))
+        for held in list(driver.held):
+            await driver.release(held)
+        deadline = time.monotonic() + 20
+        while tracker.destroy_requested - tracker.destroy_done and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)  # let the last results reach the tracker
+    finally:
+        await subscription.unsubscribe()
+        await bus.close()
+    ready = sorted(driver.ready_ms)
+    return {
+        "nodes": {node.name: node.machine for node in cluster.nodes},
+        "claims": sum(driver.outcomes[k] for k in ("allocated", "failed", "undecided")),
+        "allocated": driver.outcomes["allocated"],
+        "failed": driver.outcomes["failed"],
+        "undecided": driver.outcomes["undecided"],
+        "ready": driver.outcomes["ready"],
+        "prepare_failed": driver.outcomes["prepare_failed"],
+        "released": driver.outcomes["released"],
+        "mig_created": tracker.mig_created,
+        "mig_destroyed": len(tracker.destroy_done),
+        "mig_destroy_pending": len(tracker.destroy_requested - tracker.destroy_done),
+        "claim_to_ready_ms": {
+            "p50": round(statistics.median(ready), 2) if ready else None,
+            "p99": round(ready[min(len(ready) - 1, int(0.99 * len(ready)))], 2) if ready else None,
+        },
+        "events": dict(sorted(tracker.counts.items())),
+        "failure_reasons": driver.reasons,
+        "duration_s": round(time.monotonic() - started, 2),
+    }
