@@ -38,7 +38,7 @@ def created(
 def kept(
     command: PartitionRequested, instance: CreatedInstance, *, producer: str, ms: float
 ) -> PartitionApplied:
-    """A destroy answered by keeping the instance warm: its ids stay filled in (see ledger.kept_warm)."""
+    """A destroy answered by keeping the instance warm; its ids stay filled in."""
     return PartitionApplied(
         key=subject_token(command.node),
         event_id=result_id(command.command_id),
@@ -57,6 +57,7 @@ def kept(
         gi_cap_minor=instance.gi_cap_minor,
         ci_cap_minor=instance.ci_cap_minor,
         duration_ms=ms,
+        kept_warm=True,
     )
 
 

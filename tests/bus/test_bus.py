@@ -9,7 +9,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from tangram.bus import Bus, BusConfig, ConsumerSpec, Poison
+from tangram.bus import Bus, BusConfig, ConsumerSpec, Poison, redact_url
 from tangram.events import (
     CLAIMS_STREAM,
     DEADLETTER_STREAM,
@@ -235,3 +235,15 @@ async def test_follow_of_an_empty_subject_is_caught_up_at_once(bus: Bus) -> None
     stop.set()
     await task
     assert caught_up.is_set()
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("nats://allocator:s3cret@10.0.0.5:4222", "nats://***@10.0.0.5:4222"),
+        ("tls://nats.example.com", "tls://nats.example.com"),
+        ("nats://token@127.0.0.1:4222", "nats://***@127.0.0.1:4222"),
+    ],
+)
+def test_urls_are_logged_without_credentials(url: str, shown: str) -> None:
+    assert redact_url(url) == shown

@@ -76,6 +76,7 @@ def _applied(
         mig_uuid=f"MIG-{start}",
         gpu_instance_id=gi,
         compute_instance_id=0 if gi >= 0 else -1,
+        kept_warm=action == "destroy" and gi >= 0,
     )
 
 

@@ -1,6 +1,6 @@
 """The JetStream bus: declarations, publishing, durable consumers with dead letters, replay."""
 
-from tangram.bus.client import Bus, BusConfig, Handler
+from tangram.bus.client import Bus, BusConfig, Handler, redact_url
 from tangram.bus.declarations import (
     STREAMS,
     STREAMS_BY_NAME,
@@ -26,4 +26,5 @@ __all__ = [
     "allocator_consumer",
     "allocator_results_consumer",
     "partitioner_consumer",
+    "redact_url",
 ]

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import nats
 import nats.errors
@@ -62,6 +63,15 @@ class BusConfig:
     connect_timeout_s: float = 5.0
     reconnect_forever: bool = True
     publish_retry_s: float = 60.0  # how long a publish keeps retrying through a server outage
+
+
+def redact_url(url: str) -> str:
+    """A NATS URL without its user:password, fit for a log line or an error message."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    port = f":{parts.port}" if parts.port else ""
+    return urlunsplit(parts._replace(netloc=f"***@{parts.hostname}{port}"))
 
 
 def _tls_context(config: BusConfig) -> ssl.SSLContext | None:
@@ -135,11 +145,10 @@ class Bus:
                 nc = await nats.connect(**options)
                 return cls(nc, config)
             except (nats.errors.NoServersError, OSError, nats.errors.TimeoutError) as exc:
+                servers = [redact_url(url) for url in config.servers]
                 if deadline is not None and time.monotonic() > deadline:
-                    raise BusError(f"cannot connect to NATS at {', '.join(config.servers)}: {exc}") from exc
-                log.warning(
-                    "nats not reachable, retrying", extra={"servers": config.servers, "error": str(exc)}
-                )
+                    raise BusError(f"cannot connect to NATS at {', '.join(servers)}: {exc}") from exc
+                log.warning("nats not reachable, retrying", extra={"servers": servers, "error": str(exc)})
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 

@@ -15,6 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "discover": ("tangram.cli.discover", "print a node's inventory or ResourceSlices"),
     "allocate": ("tangram.cli.allocate", "run the allocator offline over a fleet and a claim trace"),
     "mig": ("tangram.cli.mig", "show MIG layouts"),
+    "nats-config": ("tangram.cli.nats_config", "write nats-server authorization with per-node permissions"),
 }
 
 

@@ -124,6 +124,7 @@ class PartitionApplied(Event, tag="partition.applied", frozen=True, kw_only=True
     gi_cap_minor: int = -1  # /dev/nvidia-caps/nvidia-cap<N> of the GPU instance
     ci_cap_minor: int = -1  # ... of the compute instance
     duration_ms: float = 0.0
+    kept_warm: bool = False  # destroy answered by keeping the free instance for the next claim
 
 
 class PartitionFailed(Event, tag="partition.failed", frozen=True, kw_only=True):

@@ -19,8 +19,8 @@ PartitionResult = PartitionApplied | PartitionFailed
 
 
 def kept_warm(event: PartitionApplied) -> bool:
-    """A destroy answered by keeping the instance: it still has its ids."""
-    return event.action == "destroy" and event.gpu_instance_id >= 0
+    """A destroy answered by keeping the instance for the next claim."""
+    return event.action == "destroy" and event.kept_warm
 
 
 class PartitionLedger:

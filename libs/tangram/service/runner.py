@@ -13,7 +13,7 @@ import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from tangram.bus import Bus, BusConfig
+from tangram.bus import Bus, BusConfig, redact_url
 from tangram.service.health import HealthServer
 from tangram.service.logs import configure_logging
 from tangram.service.settings import ServiceSettings
@@ -52,7 +52,10 @@ async def serve(name: str, producer: str, settings: ServiceSettings, main: Servi
     ready = asyncio.Event()
     health = HealthServer(settings.health_host, settings.health_port, ready.is_set)
     await health.start()
-    log.info("service starting", extra={"health_port": health.port, "nats": list(settings.nats_urls)})
+    log.info(
+        "service starting",
+        extra={"health_port": health.port, "nats": [redact_url(u) for u in settings.nats_urls]},
+    )
     bus = await Bus.connect(bus_config(settings, name=name, producer=producer))
     try:
         await bus.ensure_streams()

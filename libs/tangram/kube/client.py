@@ -1,0 +1,110 @@
+"""The Kubernetes API client and the one place its errors are translated.
+
+Every request Tangram makes to the API server goes through `call`, so the rest of the code sees a
+single error type carrying the HTTP status and the API server's reason (`Conflict`,
+`AlreadyExists`, `NotFound`, `Invalid`, ...), and an unreachable server looks like any other
+failed request instead of a zoo of aiohttp and OS exceptions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+from kubernetes_asyncio.client import ApiClient, Configuration
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.config import ConfigException, load_incluster_config, load_kube_config
+
+T = TypeVar("T")
+
+UNREACHABLE = 0  # the status of a request that never got an HTTP answer
+
+
+class KubeApiError(Exception):
+    """A request the API server refused or never answered; `status` is 0 when it never answered."""
+
+    def __init__(self, what: str, status: int, reason: str, message: str = "") -> None:
+        self.what = what
+        self.status = status
+        self.reason = reason
+        self.message = message
+        detail = f": {message}" if message else ""
+        super().__init__(f"{what}: {status} {reason}{detail}")
+
+    @property
+    def conflict(self) -> bool:
+        """Someone else changed the object since we read it (stale resourceVersion)."""
+        return self.status == 409 and self.reason == "Conflict"
+
+    @property
+    def already_exists(self) -> bool:
+        return self.status == 409 and self.reason == "AlreadyExists"
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+
+class KubeConfigError(ValueError):
+    """No usable connection settings: the message says which source was tried and why it failed."""
+
+
+def _from_api_exception(what: str, error: ApiException) -> KubeApiError:
+    """The API server's Status body names the reason more precisely than the HTTP reason phrase."""
+    status = int(error.status or UNREACHABLE)
+    reason = str(error.reason or "")
+    message = ""
+    body = error.body
+    if isinstance(body, bytes):
+        body = body.decode(errors="replace")
+    if isinstance(body, str) and body:
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            message = body[:500]
+        else:
+            if isinstance(parsed, dict):
+                reason = str(parsed.get("reason") or reason)
+                message = str(parsed.get("message") or "")
+    return KubeApiError(what, status, reason, message)
+
+
+async def call(what: str, request: Awaitable[T]) -> T:
+    """Await one API request; any failure comes out as KubeApiError naming `what` was attempted."""
+    try:
+        return await request
+    except ApiException as error:
+        raise _from_api_exception(what, error) from error
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as error:
+        raise KubeApiError(what, UNREACHABLE, "Unreachable", str(error) or type(error).__name__) from error
+
+
+async def connect(*, host: str | None = None, kubeconfig: Path | None = None, context: str | None = None) -> Any:
+    """An ApiClient (close it with `await client.close()`).
+
+    Settings come from, in order: an explicit `host` (plain HTTP, no credentials: tests and
+    `kubectl proxy`), a kubeconfig file, the pod's service account when running in a cluster,
+    then `$KUBECONFIG` or `~/.kube/config`.
+    """
+    configuration = Configuration()
+    try:
+        if host is not None:
+            configuration.host = host
+        elif kubeconfig is not None:
+            if not kubeconfig.is_file():
+                raise KubeConfigError(f"kubeconfig {str(kubeconfig)!r} does not exist")
+            await load_kube_config(
+                config_file=str(kubeconfig), context=context, client_configuration=configuration, persist_config=False
+            )
+        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+            load_incluster_config(client_configuration=configuration)
+        else:
+            await load_kube_config(context=context, client_configuration=configuration, persist_config=False)
+    except ConfigException as error:
+        raise KubeConfigError(f"cannot configure the Kubernetes client: {error}") from error
+    return ApiClient(configuration)
