@@ -11,6 +11,7 @@ from prometheus_client import Counter, Gauge
 
 from services.discovery.health import XidWatcher, is_critical
 from services.discovery.settings import DiscoverySettings
+from services.discovery.slices import SliceSync, slice_sync
 from tangram.events import DeviceHealthChanged, NodeHardware, NodeInventory, subject_token
 from tangram.nvml import NvmlBackend, open_backend
 from tangram.nvml.inventory import read_node_hardware
@@ -28,9 +29,15 @@ class InventoryPublisher:
     """Reads NVML, publishes when the hardware picture changed (or when asked to)."""
 
     def __init__(
-        self, ctx: ServiceContext, nvml: NvmlBackend, node: str, minors: Mapping[str, int] | None
+        self,
+        ctx: ServiceContext,
+        nvml: NvmlBackend,
+        node: str,
+        minors: Mapping[str, int] | None,
+        slices: SliceSync | None = None,
     ) -> None:
         self._ctx = ctx
+        self._slices = slices
         self._minors = minors
         self._nvml = nvml
         self._node = node
@@ -64,6 +71,8 @@ class InventoryPublisher:
             "inventory published",
             extra={"gpus": len(hardware.gpus), "generation": self._generation, "unhealthy": unhealthy},
         )
+        if self._slices is not None:
+            await self._slices.publish(hardware, self._generation)
         return True
 
     def gpu_uuid(self, index: int) -> str:
@@ -78,7 +87,18 @@ async def run(ctx: ServiceContext, settings: DiscoverySettings) -> None:
     nvml = await asyncio.to_thread(
         open_backend, sim=settings.sim, state_file=settings.state_file, real=settings.real
     )
-    publisher = InventoryPublisher(ctx, nvml, settings.node_name, _minors(settings))
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            slices = await stack.enter_async_context(slice_sync(settings)) if settings.kubernetes else None
+            await _serve(ctx, settings, nvml, slices)
+    finally:
+        await asyncio.to_thread(nvml.nvmlShutdown)
+
+
+async def _serve(
+    ctx: ServiceContext, settings: DiscoverySettings, nvml: NvmlBackend, slices: SliceSync | None
+) -> None:
+    publisher = InventoryPublisher(ctx, nvml, settings.node_name, _minors(settings), slices)
     loop = asyncio.get_running_loop()
     xids: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
 
@@ -94,11 +114,10 @@ async def run(ctx: ServiceContext, settings: DiscoverySettings) -> None:
             with contextlib.suppress(TimeoutError):
                 index, xid = await asyncio.wait_for(xids.get(), settings.refresh_s)
                 await _handle_xid(ctx, publisher, settings.node_name, index, xid)
-            if not ctx.stop.is_set():
-                await publisher.refresh()
+            if not ctx.stop.is_set() and not await publisher.refresh() and slices is not None:
+                await slices.retry_if_due()
     finally:
         await asyncio.to_thread(watcher.stop)
-        await asyncio.to_thread(nvml.nvmlShutdown)
 
 
 def _minors(settings: DiscoverySettings) -> Mapping[str, int] | None:

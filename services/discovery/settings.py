@@ -8,7 +8,9 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from tangram.service import NodeSettings, add_service_arguments, service_fields
+from tangram import DRIVER_NAME
+from tangram.k8s import K8S_VERSIONS, K8sVersion
+from tangram.service import NodeSettings, add_service_arguments, env_flag, service_fields
 
 
 class DiscoverySettings(NodeSettings):
@@ -17,6 +19,10 @@ class DiscoverySettings(NodeSettings):
     real: bool = False
     refresh_s: float = Field(default=10.0, gt=0)  # re-read NVML this often; publish only on change
     mig_minors_file: Path | None = None  # default: the driver's /proc/driver/nvidia-caps/mig-minors
+    kubernetes: bool = False  # also publish the inventory as ResourceSlices
+    kubeconfig: Path | None = None  # default: in-cluster service account, then $KUBECONFIG
+    k8s_version: K8sVersion = "1.36"  # the API server's version decides the slice layout and limits
+    driver: str = Field(default=DRIVER_NAME, min_length=1, max_length=63)
 
     @model_validator(mode="after")
     def _one_backend(self) -> DiscoverySettings:
@@ -31,9 +37,23 @@ def parse_settings(argv: list[str] | None = None) -> DiscoverySettings:
     env = os.environ.get
     parser.add_argument("--sim", default=env("TANGRAM_SIM"), help="simulated machine name or YAML file")
     parser.add_argument("--state-file", default=env("TANGRAM_SIM_STATE_FILE"))
-    parser.add_argument("--real", action="store_true", default=env("TANGRAM_REAL_NVML") == "1")
+    parser.add_argument("--real", action="store_true", default=env_flag("TANGRAM_REAL_NVML"))
     parser.add_argument("--refresh", type=float, default=float(env("TANGRAM_REFRESH_SECONDS", "10")))
     parser.add_argument("--mig-minors-file", default=env("TANGRAM_MIG_MINORS_FILE"))
+    parser.add_argument(
+        "--kubernetes",
+        action="store_true",
+        default=env_flag("TANGRAM_KUBERNETES"),
+        help="publish ResourceSlices to the Kubernetes API (env TANGRAM_KUBERNETES=1)",
+    )
+    parser.add_argument("--kubeconfig", default=env("TANGRAM_KUBECONFIG"), help="kubeconfig file")
+    parser.add_argument(
+        "--k8s-version",
+        choices=K8S_VERSIONS,
+        default=env("TANGRAM_K8S_VERSION", "1.36"),
+        help="API server version",
+    )
+    parser.add_argument("--driver", default=env("TANGRAM_DRIVER_NAME", DRIVER_NAME), help="DRA driver name")
     args = parser.parse_args(argv)
     return DiscoverySettings(
         **service_fields(args),  # type: ignore[arg-type]
@@ -42,4 +62,8 @@ def parse_settings(argv: list[str] | None = None) -> DiscoverySettings:
         real=args.real,
         refresh_s=args.refresh,
         mig_minors_file=args.mig_minors_file,
+        kubernetes=args.kubernetes,
+        kubeconfig=args.kubeconfig,
+        k8s_version=args.k8s_version,
+        driver=args.driver,
     )

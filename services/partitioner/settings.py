@@ -10,9 +10,7 @@ from typing import Any
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from tangram.partitioning import CleanMode, WarmPoolError, parse_warm_pool
-from tangram.service import NodeSettings, add_service_arguments, service_fields
-
-_TRUE = {"1", "true", "yes", "on"}
+from tangram.service import NodeSettings, add_service_arguments, env_flag, service_fields
 
 
 class PartitionerSettings(NodeSettings):
@@ -53,9 +51,9 @@ def parse_settings(argv: list[str] | None = None) -> PartitionerSettings:
     backend = parser.add_mutually_exclusive_group()
     backend.add_argument("--sim", default=env("TANGRAM_SIM"), metavar="MACHINE", help="simulated machine")
     backend.add_argument(
-        "--real", action="store_true", default=env("TANGRAM_REAL", "").lower() in _TRUE, help="real NVML"
+        "--real", action="store_true", default=env_flag("TANGRAM_REAL_NVML"), help="real NVML"
     )
-    parser.add_argument("--state-file", default=env("TANGRAM_STATE_FILE"), help="simulator state file")
+    parser.add_argument("--state-file", default=env("TANGRAM_SIM_STATE_FILE"), help="simulator state file")
     parser.add_argument(
         "--mig-minors-file",
         default=env("TANGRAM_MIG_MINORS_FILE"),

@@ -225,7 +225,8 @@ async def test_follow_delivers_history_then_live_events(bus: Bus) -> None:
     assert seen == [e.event_id for e in history] + [live.event_id]
 
 
-async def test_follow_of_an_empty_subject_is_caught_up_at_once(bus: Bus) -> None:
+async def test_follow_of_a_subject_with_no_history_is_caught_up_at_once(bus: Bus) -> None:
+    await bus.publish(claim(1))  # the stream has history, none of it on the followed subject
     stop = asyncio.Event()
     caught_up = asyncio.Event()
     task = asyncio.create_task(
@@ -247,3 +248,16 @@ async def test_follow_of_an_empty_subject_is_caught_up_at_once(bus: Bus) -> None
 )
 def test_urls_are_logged_without_credentials(url: str, shown: str) -> None:
     assert redact_url(url) == shown
+
+
+async def test_ensure_streams_leaves_a_matching_stream_alone_and_fixes_a_drifted_one(bus: Bus) -> None:
+    before = await bus.jetstream.stream_info("TANGRAM_CLAIMS")
+    await bus.ensure_streams()
+    unchanged = await bus.jetstream.stream_info("TANGRAM_CLAIMS")
+    assert unchanged.created == before.created and unchanged.config.duplicate_window == 120.0
+    drifted = unchanged.config
+    drifted.duplicate_window = 30.0
+    await bus.jetstream.update_stream(drifted)
+    await bus.ensure_streams()
+    fixed = await bus.jetstream.stream_info("TANGRAM_CLAIMS")
+    assert fixed.config.duplicate_window == 120.0

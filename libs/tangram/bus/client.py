@@ -98,6 +98,21 @@ def _stream_config(spec: StreamSpec) -> StreamConfig:
     )
 
 
+def _stream_shape(config: StreamConfig) -> tuple[object, ...]:
+    """The fields Tangram declares, compared to decide whether a stream needs an update."""
+    return (
+        tuple(config.subjects or ()),
+        config.description,
+        config.max_msgs_per_subject,
+        config.max_age,
+        config.duplicate_window,
+        config.max_msg_size,
+        config.storage,
+        config.retention,
+        config.discard,
+    )
+
+
 def _consumer_config(spec: ConsumerSpec) -> ConsumerConfig:
     return ConsumerConfig(
         durable_name=spec.durable,
@@ -180,14 +195,22 @@ class Bus:
             await self._ensure_stream(spec)
 
     async def _ensure_stream(self, spec: StreamSpec) -> None:
+        """Create the stream, or update it when it differs from the table.
+
+        A stream already as declared is left alone: with NATS permissions, only an admin user may
+        manage streams, and every service calls this at start.
+        """
         config = _stream_config(spec)
         try:
-            await self._api(lambda: self._js.stream_info(spec.name), f"stream info {spec.name}", retry_s=10)
+            info = await self._api(
+                lambda: self._js.stream_info(spec.name), f"stream info {spec.name}", retry_s=10
+            )
         except BusError as exc:
             if not isinstance(exc.__cause__, nats.js.errors.NotFoundError):
                 raise
             await self._api(lambda: self._js.add_stream(config), f"create stream {spec.name}", retry_s=10)
-        else:
+            return
+        if _stream_shape(info.config) != _stream_shape(config):
             await self._api(lambda: self._js.update_stream(config), f"update stream {spec.name}", retry_s=10)
 
     async def ensure_consumer(self, spec: ConsumerSpec) -> None:
@@ -233,17 +256,30 @@ class Bus:
         start_seq: int | None = None,
         start_time: datetime | None = None,
         subjects: Sequence[str] = (),
-        batch: int = 1024,
     ) -> AsyncIterator[tuple[int, Event]]:
         """Events of `stream` in stream order, from a sequence or a time, up to the end as of the call.
 
+        A push consumer delivers to a private inbox with flow control: several times faster than
+        pulling, which matters when a service rebuilds its state from the whole log at start.
         Undecodable messages are logged and skipped: a replay reads history, it does not judge it.
         """
         info = await self._api(lambda: self._js.stream_info(stream), f"stream info {stream}", retry_s=10)
         last_seq = info.state.last_seq
         if last_seq == 0 or (start_seq is not None and start_seq > last_seq):
             return
+        inbox = self._nc.new_inbox()
+        queue: asyncio.Queue[Msg] = asyncio.Queue()
+
+        async def deliver(msg: Msg) -> None:
+            if not msg.data and msg.headers and msg.headers.get("Status") == "100":
+                if msg.reply:  # flow control asks for an answer; idle heartbeats do not
+                    await self._nc.publish(msg.reply, b"")
+                return
+            queue.put_nowait(msg)
+
+        sub = await self._nc.subscribe(inbox, cb=deliver)
         config = ConsumerConfig(
+            deliver_subject=inbox,
             ack_policy=AckPolicy.NONE,
             deliver_policy=(
                 DeliverPolicy.BY_START_TIME if start_time is not None else DeliverPolicy.BY_START_SEQUENCE
@@ -252,38 +288,44 @@ class Bus:
             opt_start_time=start_time,
             filter_subjects=list(subjects) if len(subjects) > 1 else None,
             filter_subject=subjects[0] if len(subjects) == 1 else None,
+            flow_control=True,
+            idle_heartbeat=5.0,
             inactive_threshold=30.0,
             mem_storage=True,
         )
-        sub = await self._api(
-            lambda: self._js.pull_subscribe(
-                subjects[0] if len(subjects) == 1 else "", durable=None, stream=stream, config=config
-            ),
-            f"replay consumer on {stream}",
-            retry_s=10,
-        )
+        consumer = None
         try:
-            consumer = await sub.consumer_info()
+            consumer = await self._api(
+                lambda: self._js.add_consumer(stream, config), f"replay consumer on {stream}", retry_s=10
+            )
             if consumer.num_pending == 0:
                 return
             while True:
-                msgs = await self._api(lambda: sub.fetch(batch, timeout=5.0), f"replay fetch {stream}")
-                for msg in msgs:
-                    meta = msg.metadata
-                    if meta.sequence.stream > last_seq:
-                        return
+                if queue.empty():
                     try:
-                        yield meta.sequence.stream, decode(msg.data)
-                    except EventDecodeError as exc:
-                        log.warning(
-                            "skipping undecodable message in replay",
-                            extra={"stream": stream, "sequence": meta.sequence.stream, "error": str(exc)},
-                        )
-                    if meta.num_pending == 0 or meta.sequence.stream >= last_seq:
-                        return
+                        msg = await asyncio.wait_for(queue.get(), 30.0)
+                    except TimeoutError as exc:
+                        raise BusError(f"replay of {stream} stalled: nothing delivered for 30 s") from exc
+                else:
+                    msg = queue.get_nowait()
+                sequence, pending = _delivery_position(msg)
+                if sequence > last_seq:
+                    return
+                try:
+                    yield sequence, decode(msg.data)
+                except EventDecodeError as exc:
+                    log.warning(
+                        "skipping undecodable message in replay",
+                        extra={"stream": stream, "sequence": sequence, "error": str(exc)},
+                    )
+                if pending == 0 or sequence >= last_seq:
+                    return
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+            if consumer is not None:
+                with contextlib.suppress(Exception):
+                    await self._js.delete_consumer(stream, consumer.name)
 
     async def follow(
         self,
@@ -314,8 +356,13 @@ class Bus:
             retry_s=10,
         )
         try:
-            pending = (await sub.consumer_info()).num_pending
-            if caught_up is not None and (pending == 0 or info.state.last_seq == 0):
+            # Messages may already sit in the queue when the consumer is asked how far it got: the
+            # history is the messages delivered by then, once nothing is left pending.
+            consumer = await sub.consumer_info()
+            delivered = consumer.delivered.consumer_seq if consumer.delivered is not None else 0
+            history = delivered if consumer.num_pending == 0 else None
+            handled = 0
+            if caught_up is not None and (info.state.last_seq == 0 or history == 0):
                 caught_up.set()
             while not stop.is_set():
                 try:
@@ -331,8 +378,11 @@ class Bus:
                 except Exception:
                     # State folding must survive one bad event; the log keeps the event for replay.
                     log.exception("handler failed on followed event", extra={"subject": msg.subject})
-                if caught_up is not None and not caught_up.is_set() and msg.metadata.num_pending == 0:
-                    caught_up.set()
+                handled += 1
+                if caught_up is not None and not caught_up.is_set():
+                    _, pending = _delivery_position(msg)
+                    if (history is not None and handled >= history) or (history is None and pending == 0):
+                        caught_up.set()
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -453,6 +503,22 @@ class Bus:
             await self._nc.drain()
         if not self._nc.is_closed:
             await self._nc.close()
+
+
+def _delivery_position(msg: Msg) -> tuple[int, int]:
+    """(stream sequence, messages pending) from the $JS.ACK reply subject, without full metadata.
+
+    `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<time>.<pending>` (9 tokens), or the
+    form with domain and account hash (12 tokens). Parsing two fields is much cheaper than
+    nats-py's metadata objects, and a replay reads every message of the log.
+    """
+    tokens = msg.reply.split(".")
+    if len(tokens) == 9:
+        return int(tokens[5]), int(tokens[8])
+    if len(tokens) >= 11:
+        return int(tokens[7]), int(tokens[10])
+    meta = msg.metadata
+    return meta.sequence.stream, meta.num_pending
 
 
 class _SlowWatch:

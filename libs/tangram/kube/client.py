@@ -8,7 +8,6 @@ failed request instead of a zoo of aiohttp and OS exceptions.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from collections.abc import Awaitable
@@ -59,7 +58,7 @@ def _from_api_exception(what: str, error: ApiException) -> KubeApiError:
     status = int(error.status or UNREACHABLE)
     reason = str(error.reason or "")
     message = ""
-    body = error.body
+    body: object = error.body
     if isinstance(body, bytes):
         body = body.decode(errors="replace")
     if isinstance(body, str) and body:
@@ -80,11 +79,13 @@ async def call(what: str, request: Awaitable[T]) -> T:
         return await request
     except ApiException as error:
         raise _from_api_exception(what, error) from error
-    except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as error:
+    except (TimeoutError, aiohttp.ClientError, OSError) as error:
         raise KubeApiError(what, UNREACHABLE, "Unreachable", str(error) or type(error).__name__) from error
 
 
-async def connect(*, host: str | None = None, kubeconfig: Path | None = None, context: str | None = None) -> Any:
+async def connect(
+    *, host: str | None = None, kubeconfig: Path | None = None, context: str | None = None
+) -> Any:
     """An ApiClient (close it with `await client.close()`).
 
     Settings come from, in order: an explicit `host` (plain HTTP, no credentials: tests and
@@ -96,15 +97,17 @@ async def connect(*, host: str | None = None, kubeconfig: Path | None = None, co
         if host is not None:
             configuration.host = host
         elif kubeconfig is not None:
-            if not kubeconfig.is_file():
-                raise KubeConfigError(f"kubeconfig {str(kubeconfig)!r} does not exist")
             await load_kube_config(
-                config_file=str(kubeconfig), context=context, client_configuration=configuration, persist_config=False
+                config_file=str(kubeconfig),
+                context=context,
+                client_configuration=configuration,
+                persist_config=False,
             )
         elif os.environ.get("KUBERNETES_SERVICE_HOST"):
             load_incluster_config(client_configuration=configuration)
         else:
             await load_kube_config(context=context, client_configuration=configuration, persist_config=False)
-    except ConfigException as error:
-        raise KubeConfigError(f"cannot configure the Kubernetes client: {error}") from error
+    except (ConfigException, OSError) as error:
+        source = f"kubeconfig {str(kubeconfig)!r}" if kubeconfig is not None else "the default settings"
+        raise KubeConfigError(f"cannot configure the Kubernetes client from {source}: {error}") from error
     return ApiClient(configuration)

@@ -5,6 +5,7 @@ from tangram.service.settings import (
     NodeSettings,
     ServiceSettings,
     add_service_arguments,
+    env_flag,
     service_fields,
 )
 
@@ -15,6 +16,7 @@ __all__ = [
     "ServiceSettings",
     "add_service_arguments",
     "bus_config",
+    "env_flag",
     "run_service",
     "serve",
     "service_fields",

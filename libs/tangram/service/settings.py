@@ -45,8 +45,16 @@ class NodeSettings(ServiceSettings):
         return name
 
 
+_TRUE = {"1", "true", "yes", "on"}
+
+
 def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(f"TANGRAM_{name}", default)
+
+
+def env_flag(name: str) -> bool:
+    """A TANGRAM_* switch: 1, true, yes or on (any case) turn it on."""
+    return (os.environ.get(name) or "").strip().lower() in _TRUE
 
 
 def add_service_arguments(parser: argparse.ArgumentParser, *, node: bool = False) -> None:

@@ -1,0 +1,16 @@
+"""Kubernetes API adapter: the only package that talks to the API server (through kubernetes_asyncio)."""
+
+from tangram.kube.client import KubeApiError, KubeConfigError, call, connect
+from tangram.kube.slices import SPEC_HASH_ANNOTATION, SliceInputError, SlicePublisher, SyncReport, spec_hash
+
+__all__ = [
+    "SPEC_HASH_ANNOTATION",
+    "KubeApiError",
+    "KubeConfigError",
+    "SliceInputError",
+    "SlicePublisher",
+    "SyncReport",
+    "call",
+    "connect",
+    "spec_hash",
+]

@@ -1,0 +1,336 @@
+"""nats-server authorization for Tangram: one user per service role, each limited to its subjects.
+
+Roles:
+- `admin` manages the streams (create/update) and nothing else is expected to.
+- `allocator` publishes claim decisions and partition commands, consumes claims, partition
+  results and inventories, and replays the log at start.
+- `node-<token>` (discovery, partitioner and cdi of one node) publishes only that node's
+  inventory, results and dead letters, consumes only that node's partition commands through its
+  own durable, and follows claim decisions.
+
+JetStream is driven through subjects too, so the permissions also name the JetStream API calls
+each role makes: stream info, creation of its own durables (by name) and of ephemeral consumers
+on the streams it reads, pulls and acks on its own durables only, flow-control replies of the
+streams it follows. Anything not allowed is refused by the server.
+
+Passwords are generated with `secrets` or read from files; this module never logs them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tangram.bus.declarations import allocator_consumer, allocator_results_consumer, partitioner_consumer
+from tangram.events import (
+    CLAIMS_STREAM,
+    DEADLETTER_STREAM,
+    INVENTORY_STREAM,
+    NODES_STREAM,
+    InvalidKey,
+    subject_token,
+)
+
+ADMIN_USER = "admin"
+ALLOCATOR_USER = "allocator"
+ALL_STREAMS = (INVENTORY_STREAM, CLAIMS_STREAM, NODES_STREAM, DEADLETTER_STREAM)
+
+# What a password may contain: the nats-server config and a NATS URL both take it unescaped.
+_PASSWORD = re.compile(r"^[A-Za-z0-9._~-]{16,256}$")
+
+
+class NatsAuthError(ValueError):
+    """Bad input to the authorization generator: a node name, a password, a duplicate."""
+
+
+@dataclass(frozen=True)
+class Permissions:
+    publish_allow: tuple[str, ...]
+    subscribe_allow: tuple[str, ...]
+    publish_deny: tuple[str, ...] = ()
+    subscribe_deny: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NatsUser:
+    name: str
+    password: str = field(repr=False)
+    permissions: Permissions
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """Server-side TLS: certificate, key and, to verify client certificates, a CA."""
+
+    cert_file: Path
+    key_file: Path
+    ca_file: Path | None = None
+    verify_clients: bool = False
+
+
+def node_user(node: str) -> str:
+    """The NATS user of a node's services: `node-<subject token>`."""
+    try:
+        return f"node-{subject_token(node)}"
+    except InvalidKey as exc:
+        raise NatsAuthError(f"node {node!r}: {exc}") from None
+
+
+def _durable_api(stream: str, durable: str) -> list[str]:
+    # nats-py creates a durable on the legacy subject; newer clients name it with a filter suffix.
+    return [
+        f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.{durable}",
+        f"$JS.API.CONSUMER.CREATE.{stream}.{durable}",
+        f"$JS.API.CONSUMER.CREATE.{stream}.{durable}.>",
+        f"$JS.API.CONSUMER.INFO.{stream}.{durable}",
+        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}",
+        f"$JS.ACK.{stream}.{durable}.>",
+    ]
+
+
+def _follow_api(stream: str) -> list[str]:
+    """An ordered (ephemeral push) consumer: create, info, flow-control replies.
+
+    Nothing deletes it: the server removes it once inactive, so no delete right is needed.
+    """
+    return [
+        f"$JS.API.CONSUMER.CREATE.{stream}",
+        f"$JS.API.CONSUMER.INFO.{stream}.*",
+        f"$JS.FC.{stream}.>",
+    ]
+
+
+def _replay_api(stream: str) -> list[str]:
+    """An ephemeral pull consumer read to the end: create, info, pull, delete when done."""
+    return [
+        f"$JS.API.CONSUMER.CREATE.{stream}",
+        f"$JS.API.CONSUMER.INFO.{stream}.*",
+        f"$JS.API.CONSUMER.DELETE.{stream}.*",
+        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.*",
+    ]
+
+
+def _stream_info() -> list[str]:
+    return [f"$JS.API.STREAM.INFO.{stream}" for stream in ALL_STREAMS]
+
+
+def _unique(subjects: Iterable[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(subjects))
+
+
+def admin_permissions() -> Permissions:
+    return Permissions(publish_allow=("$JS.API.>",), subscribe_allow=("_INBOX.>",))
+
+
+def allocator_permissions(nodes: Sequence[str] = ()) -> Permissions:
+    """The allocator; `nodes` name the partitioner durables it must not pull from (its replay
+    of TANGRAM_NODES pulls through ephemeral consumers, whose names are not known in advance)."""
+    claims = allocator_consumer()
+    results = allocator_results_consumer()
+    publish = [
+        "tangram.claim.*.*",
+        "tangram.node.*.partition.requested",
+        f"tangram.deadletter.{subject_token(claims.durable)}",
+        f"tangram.deadletter.{subject_token(results.durable)}",
+        *_stream_info(),
+        *_durable_api(claims.stream, claims.durable),
+        *_durable_api(results.stream, results.durable),
+        *_follow_api(INVENTORY_STREAM),
+        *_replay_api(INVENTORY_STREAM),
+        *_replay_api(CLAIMS_STREAM),
+        *_replay_api(NODES_STREAM),
+    ]
+    subscribe = [
+        "_INBOX.>",
+        "tangram.inventory.*",
+        "tangram.claim.*.*",
+        "tangram.node.*.partition.applied",
+        "tangram.node.*.partition.failed",
+    ]
+    deny = [
+        f"$JS.API.CONSUMER.{call}.{NODES_STREAM}.{partitioner_consumer(node).durable}"
+        for node in nodes
+        for call in ("MSG.NEXT", "DELETE")
+    ]
+    return Permissions(
+        publish_allow=_unique(publish), subscribe_allow=_unique(subscribe), publish_deny=_unique(deny)
+    )
+
+
+def node_permissions(node: str, others: Sequence[str] = ()) -> Permissions:
+    """A node's services: own subjects only. `others` are the fleet's other nodes, denied by name."""
+    token = subject_token(node)
+    durable = partitioner_consumer(node).durable
+    publish = [
+        f"tangram.inventory.{token}",
+        f"tangram.node.{token}.>",
+        f"tangram.deadletter.{subject_token(durable)}",
+        *_stream_info(),
+        *_durable_api(NODES_STREAM, durable),
+        *_follow_api(INVENTORY_STREAM),
+        *_follow_api(CLAIMS_STREAM),
+        *_follow_api(NODES_STREAM),
+    ]
+    # Partition commands come from the allocator only. Other nodes' durables are not ours to look
+    # at (the ephemeral consumers' info wildcard would otherwise reach them).
+    deny = [f"tangram.node.{token}.partition.requested"]
+    for other in others:
+        other_durable = partitioner_consumer(other).durable
+        if other_durable != durable:
+            deny.append(f"$JS.API.CONSUMER.INFO.{NODES_STREAM}.{other_durable}")
+    subscribe = ["_INBOX.>", f"tangram.inventory.{token}", f"tangram.node.{token}.>", "tangram.claim.*.*"]
+    return Permissions(
+        publish_allow=_unique(publish), subscribe_allow=_unique(subscribe), publish_deny=_unique(deny)
+    )
+
+
+def user_names(nodes: Sequence[str]) -> list[str]:
+    """Every user of a fleet, admin first; raises NatsAuthError on a bad or duplicate node."""
+    names = [ADMIN_USER, ALLOCATOR_USER]
+    for node in nodes:
+        name = node_user(node)
+        if name in names:
+            raise NatsAuthError(f"node {node!r} is listed twice (or maps to the same subject token)")
+        names.append(name)
+    return names
+
+
+def check_password(user: str, password: str) -> str:
+    if not _PASSWORD.match(password):
+        raise NatsAuthError(
+            f"password of user {user!r} must be 16-256 characters of A-Z a-z 0-9 . _ ~ - "
+            "(it is written unescaped into the server config and the NATS URL)"
+        )
+    return password
+
+
+def generate_password() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def read_password_file(user: str, path: Path) -> str:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise NatsAuthError(f"password file of user {user!r} cannot be read: {exc.strerror}") from None
+    return check_password(user, text.strip())
+
+
+def build_users(nodes: Sequence[str], passwords: Mapping[str, str] | None = None) -> list[NatsUser]:
+    """The users of a fleet; a user without a given password gets a fresh random one."""
+    given = dict(passwords or {})
+    names = user_names(nodes)
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise NatsAuthError(f"passwords given for unknown users: {', '.join(unknown)}")
+    users = [
+        NatsUser(
+            ADMIN_USER,
+            check_password(ADMIN_USER, given.get(ADMIN_USER) or generate_password()),
+            admin_permissions(),
+        ),
+        NatsUser(
+            ALLOCATOR_USER,
+            check_password(ALLOCATOR_USER, given.get(ALLOCATOR_USER) or generate_password()),
+            allocator_permissions(nodes),
+        ),
+    ]
+    for node in nodes:
+        name = node_user(node)
+        others = [n for n in nodes if n != node]
+        password = check_password(name, given.get(name) or generate_password())
+        users.append(NatsUser(name, password, node_permissions(node, others)))
+    return users
+
+
+def _quoted(value: str) -> str:
+    return json.dumps(value)
+
+
+def _subject_list(subjects: Sequence[str]) -> str:
+    return "[" + ", ".join(_quoted(s) for s in subjects) + "]"
+
+
+def _render_user(user: NatsUser) -> list[str]:
+    perms = user.permissions
+    lines = [
+        "    {",
+        f"      user: {_quoted(user.name)}",
+        f"      password: {_quoted(user.password)}",
+        "      permissions: {",
+        "        publish: {",
+        f"          allow: {_subject_list(perms.publish_allow)}",
+    ]
+    if perms.publish_deny:
+        lines.append(f"          deny: {_subject_list(perms.publish_deny)}")
+    lines += ["        }", "        subscribe: {", f"          allow: {_subject_list(perms.subscribe_allow)}"]
+    if perms.subscribe_deny:
+        lines.append(f"          deny: {_subject_list(perms.subscribe_deny)}")
+    lines += ["        }", "      }", "    }"]
+    return lines
+
+
+def render_users(users: Sequence[NatsUser]) -> str:
+    """The `authorization { users: [...] }` block of a nats-server config."""
+    lines = ["authorization {", "  users: ["]
+    for user in users:
+        lines += _render_user(user)
+    lines += ["  ]", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def _render_tls(tls: TlsFiles) -> str:
+    lines = [
+        "tls {",
+        f"  cert_file: {_quoted(str(tls.cert_file))}",
+        f"  key_file: {_quoted(str(tls.key_file))}",
+    ]
+    if tls.ca_file is not None:
+        lines.append(f"  ca_file: {_quoted(str(tls.ca_file))}")
+    if tls.verify_clients:
+        if tls.ca_file is None:
+            raise NatsAuthError("verifying client certificates needs a CA file")
+        lines.append("  verify: true")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def render_authorization(
+    nodes: Sequence[str],
+    *,
+    passwords: Mapping[str, str] | None = None,
+    tls: TlsFiles | None = None,
+) -> str:
+    """The authorization block (and a `tls` block when given) for a fleet's nodes.
+
+    Users without a password in `passwords` get a random one, which is then only in the returned
+    text: use `build_users` + `render_users` to keep the passwords too.
+    """
+    text = render_users(build_users(nodes, passwords))
+    return (_render_tls(tls) + text) if tls is not None else text
+
+
+def render_server_config(
+    users: Sequence[NatsUser],
+    *,
+    store_dir: str = "/data/jetstream",
+    port: int = 4222,
+    monitor_port: int | None = 8222,
+    tls: TlsFiles | None = None,
+) -> str:
+    """A whole nats-server config: JetStream on file storage, monitoring, TLS when given, the users."""
+    lines = [
+        "# Generated by `tangram nats-config`: holds passwords, keep it secret (mode 0600).",
+        f"port: {port}",
+    ]
+    if monitor_port is not None:
+        lines.append(f"http_port: {monitor_port}")
+    lines += ["jetstream {", f"  store_dir: {_quoted(store_dir)}", "}"]
+    text = "\n".join(lines) + "\n"
+    if tls is not None:
+        text += _render_tls(tls)
+    return text + render_users(users)

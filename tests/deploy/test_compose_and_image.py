@@ -1,0 +1,111 @@
+"""docker-compose.yml and the Dockerfile refer only to things that exist."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVICES = {"allocator", "discovery", "partitioner", "cdi"}
+
+
+def _compose() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    return data
+
+
+def _settings_env_vars() -> set[str]:
+    """Every TANGRAM_* variable the services' settings modules read."""
+    sources = [ROOT / "libs/tangram/service/settings.py", *ROOT.glob("services/*/settings.py")]
+    names: set[str] = set()
+    for source in sources:
+        text = source.read_text()
+        names |= set(re.findall(r"\b(?:env|env_flag)\(\s*\"(TANGRAM_[A-Z_]+)\"", text))
+        names |= {f"TANGRAM_{n}" for n in re.findall(r"\b_env\(\s*\"([A-Z_]+)\"", text)}
+    return names
+
+
+def test_settings_scan_finds_the_shared_variables() -> None:
+    found = _settings_env_vars()
+    assert {"TANGRAM_NATS_URL", "TANGRAM_HEALTH_PORT", "TANGRAM_HEALTH_HOST", "TANGRAM_NODE_NAME"} <= found
+    assert {"TANGRAM_SIM", "TANGRAM_CDI_DIR", "TANGRAM_POLICY"} <= found
+
+
+def test_compose_runs_nats_with_jetstream_and_every_service() -> None:
+    services = _compose()["services"]
+    assert services["nats"]["image"].startswith("nats:")
+    assert "-js" in services["nats"]["command"]
+    assert set(services) >= SERVICES
+
+
+def test_compose_services_exist_and_set_only_known_variables() -> None:
+    known = _settings_env_vars()
+    for name, service in _compose()["services"].items():
+        if name == "nats":
+            continue
+        environment = service["environment"]
+        module = environment["SERVICE"]
+        assert (ROOT / "services" / module / "__main__.py").exists(), module
+        unknown = {k for k in environment if k.startswith("TANGRAM_")} - known
+        assert unknown == set(), f"{name} sets variables no settings module reads: {unknown}"
+        assert "/healthz" in " ".join(service["healthcheck"]["test"])
+        assert environment["TANGRAM_HEALTH_PORT"] == "8080"
+        assert environment["TANGRAM_HEALTH_HOST"] == "0.0.0.0"
+
+
+def test_compose_node_services_share_the_simulated_state_and_kubelet_dirs() -> None:
+    services = _compose()["services"]
+    volumes = {name: set(services[name]["volumes"]) for name in ("discovery", "partitioner", "cdi")}
+    shared = "sim-state:/var/lib/tangram"
+    assert all(shared in mounts for mounts in volumes.values())
+    assert services["discovery"]["environment"]["TANGRAM_SIM_STATE_FILE"] == "/var/lib/tangram/sim-state.json"
+    assert (
+        services["partitioner"]["environment"]["TANGRAM_SIM_STATE_FILE"] == "/var/lib/tangram/sim-state.json"
+    )
+    assert {
+        "kubelet-plugins:/var/lib/kubelet/plugins",
+        "kubelet-registry:/var/lib/kubelet/plugins_registry",
+        "cdi-specs:/var/run/cdi",
+    } <= volumes["cdi"]
+    node_names = {services[n]["environment"]["TANGRAM_NODE_NAME"] for n in volumes}
+    assert node_names == {"sim-node-1"}
+
+
+def test_compose_build_extras_exist_in_pyproject() -> None:
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    for service in _compose()["services"].values():
+        build = service.get("build")
+        if build is not None:
+            assert set(build["args"]["SERVICE_EXTRAS"].split(",")) <= extras
+
+
+def test_dockerfile_copies_existing_paths_and_runs_as_non_root() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    copies = re.findall(r"^COPY (?!--from)(.+) \S+$", text, flags=re.MULTILINE)
+    sources = [source for line in copies for source in line.split()]
+    assert sources, "no COPY lines found"
+    for source in sources:
+        assert (ROOT / source).exists(), source
+    assert re.search(r"^FROM python:3\.11-slim AS build$", text, flags=re.MULTILINE)
+    assert re.search(r"^USER 10001:10001$", text, flags=re.MULTILINE)
+    assert "ARG SERVICE_EXTRAS" in text
+    entrypoint = (ROOT / "deploy/docker/entrypoint.sh").read_text()
+    assert 'exec python -m "services.$SERVICE"' in entrypoint
+    assert (ROOT / "deploy/docker/entrypoint.sh").stat().st_mode & 0o111
+
+
+def test_manifest_environment_is_read_by_the_services() -> None:
+    known = _settings_env_vars() | {"TANGRAM_NATS_URL_FILE"}  # read by the image's entry point
+    for path in (ROOT / "deploy/kubernetes").glob("*.yaml"):
+        for document in yaml.safe_load_all(path.read_text()):
+            if document is None or document["kind"] not in ("Deployment", "DaemonSet"):
+                continue
+            for container in document["spec"]["template"]["spec"]["containers"]:
+                names = {e["name"] for e in container.get("env", [])}
+                service = next(e["value"] for e in container["env"] if e["name"] == "SERVICE")
+                assert (ROOT / "services" / service / "__main__.py").exists()
+                assert {n for n in names if n.startswith("TANGRAM_")} <= known, container["name"]

@@ -1,0 +1,201 @@
+"""Every manifest under deploy/ validates against the Kubernetes schemas (or, for OpenShift-only
+kinds, has the structure OpenShift requires), and grants only what Tangram needs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+VERSIONS = ["1.34", "1.35", "1.36"]
+OPENSHIFT_KINDS = {("security.openshift.io/v1", "SecurityContextConstraints")}
+
+
+def _documents() -> list[tuple[str, dict[str, Any]]]:
+    found = []
+    for path in sorted(DEPLOY.rglob("*.yaml")):
+        for index, document in enumerate(yaml.safe_load_all(path.read_text())):
+            if document is not None:
+                found.append((f"{path.relative_to(ROOT)}#{index}", document))
+    return found
+
+
+DOCUMENTS = _documents()
+KUBERNETES = [(name, d) for name, d in DOCUMENTS if (d["apiVersion"], d["kind"]) not in OPENSHIFT_KINDS]
+OPENSHIFT = [(name, d) for name, d in DOCUMENTS if (d["apiVersion"], d["kind"]) in OPENSHIFT_KINDS]
+
+
+def _by_kind(kind: str, name: str) -> dict[str, Any]:
+    matches = [d for _, d in DOCUMENTS if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(matches) == 1, f"{kind}/{name}: {len(matches)} found"
+    return matches[0]
+
+
+def test_the_expected_objects_are_shipped() -> None:
+    kinds = sorted({f"{d['kind']}/{d['metadata']['name']}" for _, d in DOCUMENTS})
+    for expected in [
+        "Namespace/tangram",
+        "ServiceAccount/tangram-allocator",
+        "ServiceAccount/tangram-node",
+        "ClusterRole/tangram-allocator",
+        "ClusterRole/tangram-node",
+        "Deployment/tangram-allocator",
+        "DaemonSet/tangram-node",
+        "StatefulSet/tangram-nats",
+        "Job/tangram-nats-streams",
+        "DeviceClass/gpu.tangram.dev",
+        "DeviceClass/mig.gpu.tangram.dev",
+        "SecurityContextConstraints/tangram-node",
+        "ValidatingAdmissionPolicy/tangram-resourceslices-own-node",
+    ]:
+        assert expected in kinds
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize(("name", "document"), KUBERNETES, ids=[name for name, _ in KUBERNETES])
+def test_manifest_validates_strictly(name: str, document: dict[str, Any], version: str) -> None:
+    kubernetes_validate.validate(document, version, strict=True)
+
+
+@pytest.mark.parametrize(("name", "scc"), OPENSHIFT, ids=[name for name, _ in OPENSHIFT])
+def test_security_context_constraints_structure(name: str, scc: dict[str, Any]) -> None:
+    # The fields OpenShift's API requires, with the types it accepts.
+    assert scc["metadata"]["name"]
+    for strategy in ("runAsUser", "seLinuxContext", "fsGroup", "supplementalGroups"):
+        assert isinstance(scc[strategy]["type"], str)
+    for flag in ("allowPrivilegedContainer", "allowHostDirVolumePlugin", "allowHostNetwork", "allowHostPID"):
+        assert isinstance(scc[flag], bool)
+    assert isinstance(scc["readOnlyRootFilesystem"], bool)
+    assert set(scc["volumes"]) <= {
+        "hostPath",
+        "secret",
+        "projected",
+        "emptyDir",
+        "downwardAPI",
+        "configMap",
+        "persistentVolumeClaim",
+    }
+    # Granted by RBAC "use", never through broad SCC user or group lists.
+    assert scc["users"] == [] and scc["groups"] == []
+    assert scc["allowHostNetwork"] is False and scc["allowHostPID"] is False and scc["allowHostIPC"] is False
+
+
+def test_the_node_scc_is_usable_only_by_the_node_service_account() -> None:
+    role = _by_kind("ClusterRole", "tangram-node-scc")
+    assert role["rules"] == [
+        {
+            "apiGroups": ["security.openshift.io"],
+            "resources": ["securitycontextconstraints"],
+            "resourceNames": ["tangram-node"],
+            "verbs": ["use"],
+        }
+    ]
+    binding = _by_kind("RoleBinding", "tangram-node-scc")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "tangram-node", "namespace": "tangram"}]
+
+
+def _grants(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_allocator_rbac_is_least_privilege() -> None:
+    assert _grants(_by_kind("ClusterRole", "tangram-allocator")) == {
+        ("resource.k8s.io", "resourceclaims", "get"),
+        ("resource.k8s.io", "resourceclaims", "list"),
+        ("resource.k8s.io", "resourceclaims", "watch"),
+        ("resource.k8s.io", "resourceclaims/status", "update"),
+        ("resource.k8s.io", "resourceslices", "list"),
+        ("resource.k8s.io", "resourceslices", "watch"),
+        ("resource.k8s.io", "deviceclasses", "list"),
+        ("resource.k8s.io", "deviceclasses", "watch"),
+    }
+    lease = _by_kind("Role", "tangram-allocator-leader-election")
+    assert lease["metadata"]["namespace"] == "tangram"
+    assert _grants(lease) == {
+        ("coordination.k8s.io", "leases", "create"),
+        ("coordination.k8s.io", "leases", "get"),
+        ("coordination.k8s.io", "leases", "update"),
+    }
+
+
+def test_node_rbac_is_least_privilege() -> None:
+    assert _grants(_by_kind("ClusterRole", "tangram-node")) == {
+        ("resource.k8s.io", "resourceslices", verb)
+        for verb in ("create", "update", "delete", "get", "list", "watch")
+    } | {("", "nodes", "get"), ("resource.k8s.io", "resourceclaims", "get")}
+
+
+def test_no_role_is_cluster_admin_like() -> None:
+    for name, document in DOCUMENTS:
+        if document["kind"] not in ("ClusterRole", "Role"):
+            continue
+        for rule in document["rules"]:
+            for field in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[field], f"{name}: wildcard {field}"
+            assert "secrets" not in rule["resources"], f"{name}: reads secrets"
+            assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), name
+    for name, document in DOCUMENTS:
+        if document["kind"] in ("ClusterRoleBinding", "RoleBinding"):
+            assert document["roleRef"]["name"] not in ("cluster-admin", "admin", "edit"), name
+
+
+def _containers(kind: str, name: str) -> dict[str, dict[str, Any]]:
+    spec = _by_kind(kind, name)["spec"]["template"]["spec"]
+    return {c["name"]: c for c in spec["containers"]}
+
+
+def test_only_the_partitioner_is_privileged() -> None:
+    privileged = {
+        f"{d['kind']}/{c['name']}"
+        for _, d in DOCUMENTS
+        if d["kind"] in ("Deployment", "DaemonSet", "StatefulSet", "Job")
+        for c in d["spec"]["template"]["spec"]["containers"]
+        if c.get("securityContext", {}).get("privileged")
+    }
+    assert privileged == {"DaemonSet/partitioner"}
+    for container in _containers("DaemonSet", "tangram-node").values():
+        context = container["securityContext"]
+        if container["name"] != "partitioner":
+            assert context["capabilities"] == {"drop": ["ALL"]}
+            assert context["allowPrivilegeEscalation"] is False
+    allocator = _containers("Deployment", "tangram-allocator")["allocator"]
+    assert allocator["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_node_pod_mounts_and_placement() -> None:
+    daemonset = _by_kind("DaemonSet", "tangram-node")
+    spec = daemonset["spec"]["template"]["spec"]
+    host_paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert {
+        "/var/lib/kubelet/plugins",
+        "/var/lib/kubelet/plugins_registry",
+        "/var/run/cdi",
+        "/dev",
+    } <= host_paths
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert spec["serviceAccountName"] == "tangram-node"
+    assert set(_containers("DaemonSet", "tangram-node")) == {"discovery", "partitioner", "cdi"}
+
+
+def test_allocator_runs_one_replica_replaced_not_rolled() -> None:
+    deployment = _by_kind("Deployment", "tangram-allocator")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "tangram-allocator"
+
+
+def test_no_manifest_carries_a_password() -> None:
+    for path in DEPLOY.rglob("*.yaml"):
+        text = path.read_text().lower()
+        assert "password:" not in text and "nats://" not in text.replace("nats://nats", ""), path

@@ -1,0 +1,310 @@
+"""The generated nats-server authorization, enforced by a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import nats
+import pytest
+from nats.aio.client import Client as NatsClient
+
+from tangram.bus import Bus, BusConfig, allocator_consumer, allocator_results_consumer, partitioner_consumer
+from tangram.events import (
+    CLAIMS_STREAM,
+    NODES_STREAM,
+    ClaimRequested,
+    Event,
+    MigPlacement,
+    PartitionApplied,
+    PartitionRequested,
+)
+from tangram.natsauth import build_users, render_users
+from tangram.natsserver import NatsServer
+
+NODE_A = "node-a"
+NODE_B = "gpu-b.lab"  # a dotted name: its user is node-gpu-b_lab, its subjects tangram.node.gpu-b_lab.*
+USER_A = "node-node-a"
+USER_B = "node-gpu-b_lab"
+
+
+class AuthServer:
+    def __init__(self, server: NatsServer, passwords: dict[str, str]) -> None:
+        self.server = server
+        self.passwords = passwords
+
+    def url(self, user: str) -> str:
+        return f"nats://{user}:{self.passwords[user]}@127.0.0.1:{self.server.port}"
+
+    def violations(self) -> list[str]:
+        return [line for line in self.server.log if "Violation" in line]
+
+
+@pytest.fixture
+def auth_server(tmp_path: Path) -> Iterator[AuthServer]:
+    users = build_users([NODE_A, NODE_B])
+    config = tmp_path / "auth.conf"
+    config.write_text(render_users(users))
+    server = NatsServer(tmp_path / "store", config_file=config).start()
+    try:
+        yield AuthServer(server, {user.name: user.password for user in users})
+    finally:
+        server.stop()
+
+
+async def _bus(auth: AuthServer, user: str) -> Bus:
+    config = BusConfig(servers=(auth.url(user),), name=user, producer=user, publish_retry_s=5.0)
+    return await Bus.connect(config, wait_s=5)
+
+
+@pytest.fixture
+async def admin(auth_server: AuthServer) -> AsyncIterator[Bus]:
+    bus = await _bus(auth_server, "admin")
+    await bus.ensure_streams()
+    try:
+        yield bus
+    finally:
+        await bus.close()
+
+
+class Client:
+    """A plain NATS connection that records the permission errors the server sends it."""
+
+    def __init__(self, nc: NatsClient, errors: list[str], arrived: asyncio.Condition) -> None:
+        self.nc = nc
+        self.errors = errors
+        self.arrived = arrived
+
+    async def refused(self, subject: str, *, subscribe: bool = False) -> bool:
+        """Publish (or subscribe) and wait for the server's permission error naming the subject."""
+        if subscribe:
+            await self.nc.subscribe(subject)
+        else:
+            await self.nc.publish(subject, b"{}")
+        await self.nc.flush(timeout=5)
+        async with self.arrived:
+            try:
+                await asyncio.wait_for(
+                    self.arrived.wait_for(
+                        lambda: any(f'"{subject.lower()}"' in e.lower() for e in self.errors)
+                    ),
+                    5,
+                )
+            except TimeoutError:
+                return False
+        return True
+
+
+async def _client(auth: AuthServer, user: str) -> Client:
+    errors: list[str] = []
+    arrived = asyncio.Condition()
+
+    async def record(exc: Exception) -> None:
+        async with arrived:
+            errors.append(str(exc))
+            arrived.notify_all()
+
+    nc = await nats.connect(auth.url(user), error_cb=record, allow_reconnect=False)
+    return Client(nc, errors, arrived)
+
+
+async def _stored(admin: Bus, stream: str) -> int:
+    return (await admin.jetstream.stream_info(stream)).state.messages
+
+
+async def test_a_wrong_password_is_refused(auth_server: AuthServer) -> None:
+    url = f"nats://{USER_A}:not-the-password-at-all@127.0.0.1:{auth_server.server.port}"
+    nc = NatsClient()
+    try:
+        with pytest.raises(nats.errors.Error, match="Authorization"):
+            await nc.connect(url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2)
+    finally:
+        await nc.close()
+
+
+async def test_node_publishes_its_own_inventory_and_results(auth_server: AuthServer, admin: Bus) -> None:
+    node = await _client(auth_server, USER_A)
+    try:
+        js = node.nc.jetstream()
+        inventory = await js.publish("tangram.inventory.node-a", b"{}", timeout=5)
+        applied = await js.publish("tangram.node.node-a.partition.applied", b"{}", timeout=5)
+        prepared = await js.publish("tangram.node.node-a.claim.prepared", b"{}", timeout=5)
+    finally:
+        await node.nc.close()
+    assert (inventory.stream, applied.stream, prepared.stream) == (
+        "TANGRAM_INVENTORY",
+        "TANGRAM_NODES",
+        "TANGRAM_NODES",
+    )
+    assert (applied.seq, prepared.seq) == (1, 2)
+    assert node.errors == []
+
+
+@pytest.mark.parametrize(
+    "subject",
+    [
+        "tangram.node.gpu-b_lab.partition.applied",  # another node's results
+        "tangram.node.gpu-b_lab.claim.prepared",
+        "tangram.inventory.gpu-b_lab",  # another node's inventory
+        "tangram.claim.allocated.x",  # a claim decision
+        "tangram.claim.failed.x",
+        "tangram.node.node-a.partition.requested",  # a command, even to itself
+        "tangram.deadletter.allocator",  # another consumer's dead letters
+        "$JS.API.STREAM.UPDATE.TANGRAM_NODES",  # streams are the admin's
+        "$JS.API.STREAM.DELETE.TANGRAM_CLAIMS",
+        "$JS.API.STREAM.PURGE.TANGRAM_NODES",
+        "$JS.API.CONSUMER.DURABLE.CREATE.TANGRAM_NODES.partitioner-gpu-b_lab",  # another node's durable
+        "$JS.API.CONSUMER.MSG.NEXT.TANGRAM_NODES.partitioner-gpu-b_lab",
+        "$JS.API.CONSUMER.MSG.NEXT.TANGRAM_CLAIMS.allocator",
+        "$JS.API.CONSUMER.DELETE.TANGRAM_NODES.partitioner-gpu-b_lab",
+        "$JS.API.CONSUMER.INFO.TANGRAM_NODES.partitioner-gpu-b_lab",
+        "$JS.ACK.TANGRAM_NODES.partitioner-gpu-b_lab.1.1.1.1.0",
+    ],
+)
+async def test_node_is_refused_what_is_not_its_own(auth_server: AuthServer, admin: Bus, subject: str) -> None:
+    node = await _client(auth_server, USER_A)
+    try:
+        assert await node.refused(subject)
+    finally:
+        await node.nc.close()
+    assert await _stored(admin, NODES_STREAM) == 0
+    assert await _stored(admin, CLAIMS_STREAM) == 0
+
+
+async def test_node_subscribes_to_its_own_subjects_only(auth_server: AuthServer) -> None:
+    node = await _client(auth_server, USER_B)
+    allocator = await _client(auth_server, "allocator")
+    try:
+        own = await node.nc.subscribe("tangram.node.gpu-b_lab.>")
+        decisions = await node.nc.subscribe("tangram.claim.*.*")
+        await node.nc.flush(timeout=5)
+        await node.nc.publish("tangram.node.gpu-b_lab.health", b"own")
+        await allocator.nc.publish("tangram.claim.allocated.x", b"decision")
+        assert (await own.next_msg(timeout=5)).data == b"own"
+        assert (await decisions.next_msg(timeout=5)).data == b"decision"
+        assert await node.refused("tangram.node.node-a.>", subscribe=True)
+        assert await node.refused("tangram.inventory.node-a", subscribe=True)
+        assert await node.refused("tangram.>", subscribe=True)
+    finally:
+        await node.nc.close()
+        await allocator.nc.close()
+
+
+async def test_allocator_publishes_decisions_and_commands(auth_server: AuthServer, admin: Bus) -> None:
+    allocator = await _client(auth_server, "allocator")
+    try:
+        js = allocator.nc.jetstream()
+        allocated = await js.publish("tangram.claim.allocated.x", b"{}", timeout=5)
+        failed = await js.publish("tangram.claim.failed.y", b"{}", timeout=5)
+        command = await js.publish("tangram.node.gpu-b_lab.partition.requested", b"{}", timeout=5)
+        # The allocator does not speak for a node.
+        assert await allocator.refused("tangram.node.node-a.partition.applied")
+        assert await allocator.refused("tangram.inventory.node-a")
+        assert await allocator.refused("$JS.API.STREAM.DELETE.TANGRAM_CLAIMS")
+        assert await allocator.refused("$JS.API.CONSUMER.MSG.NEXT.TANGRAM_NODES.partitioner-node-a")
+        assert await allocator.refused("$JS.API.CONSUMER.DELETE.TANGRAM_NODES.partitioner-gpu-b_lab")
+    finally:
+        await allocator.nc.close()
+    assert (allocated.seq, failed.seq, command.seq) == (1, 2, 1)
+    assert await _stored(admin, NODES_STREAM) == 1
+
+
+def _command(node: str, token: str) -> PartitionRequested:
+    return PartitionRequested(
+        key=token,
+        producer="allocator",
+        command_id="cmd-1",
+        node=node,
+        action="create",
+        gpu_uuid="GPU-1",
+        gpu_index=0,
+        profile="1g.18gb",
+        profile_id=19,
+        placement=MigPlacement(start=0, size=1),
+        claim_uid="claim-1",
+    )
+
+
+async def test_services_work_end_to_end_as_their_own_users(auth_server: AuthServer, admin: Bus) -> None:
+    allocator = await _bus(auth_server, "allocator")
+    node = await _bus(auth_server, USER_A)
+    stop = asyncio.Event()
+    commands: asyncio.Queue[Event] = asyncio.Queue()
+    results: asyncio.Queue[Event] = asyncio.Queue()
+    claims: asyncio.Queue[Event] = asyncio.Queue()
+    followed: list[Event] = []
+    ready = [asyncio.Event() for _ in range(3)]
+    caught_up = asyncio.Event()
+
+    async def into(queue: asyncio.Queue[Event], event: Event) -> None:
+        queue.put_nowait(event)
+
+    tasks = [
+        asyncio.create_task(
+            node.consume(partitioner_consumer(NODE_A), lambda e: into(commands, e), stop=stop, ready=ready[0])
+        ),
+        asyncio.create_task(
+            allocator.consume(
+                allocator_results_consumer(), lambda e: into(results, e), stop=stop, ready=ready[1]
+            )
+        ),
+        asyncio.create_task(
+            allocator.consume(allocator_consumer(), lambda e: into(claims, e), stop=stop, ready=ready[2])
+        ),
+        asyncio.create_task(
+            node.follow(
+                CLAIMS_STREAM, "tangram.claim.requested.>", followed.append, stop=stop, caught_up=caught_up
+            )
+        ),
+    ]
+    try:
+        await asyncio.wait_for(asyncio.gather(*(r.wait() for r in ready), caught_up.wait()), 20)
+        request = ClaimRequested(
+            key="claim-1", producer="test", namespace="ns", name="c", uid="claim-1", spec={}
+        )
+        await allocator.publish(request)
+        assert (await asyncio.wait_for(claims.get(), 10)).event_id == request.event_id
+
+        command = _command(NODE_A, "node-a")
+        await allocator.publish(command)
+        received = await asyncio.wait_for(commands.get(), 10)
+        assert isinstance(received, PartitionRequested)
+        assert (received.command_id, received.node) == ("cmd-1", NODE_A)
+
+        applied = PartitionApplied(
+            key="node-a",
+            producer="partitioner@node-a",
+            command_id="cmd-1",
+            node=NODE_A,
+            action="create",
+            gpu_uuid="GPU-1",
+            gpu_index=0,
+            profile="1g.18gb",
+            placement=MigPlacement(start=0, size=1),
+            mig_uuid="MIG-1",
+        )
+        await node.publish(applied)
+        result = await asyncio.wait_for(results.get(), 10)
+        assert isinstance(result, PartitionApplied)
+        assert result.mig_uuid == "MIG-1"
+
+        # The allocator's start-up replay of the node results, through an ephemeral pull consumer.
+        replayed = [
+            event
+            async for _, event in allocator.replay(
+                NODES_STREAM, subjects=["tangram.node.*.partition.applied"]
+            )
+        ]
+        assert [e.event_id for e in replayed] == [applied.event_id]
+        for _ in range(500):
+            if followed:
+                break
+            await asyncio.sleep(0.01)
+        assert [e.event_id for e in followed] == [request.event_id]
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+        await node.close()
+        await allocator.close()
+    assert auth_server.violations() == []
