@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import msgspec
+
 from tangram.allocation import DeviceClass, FleetState
 from tangram.allocation.ledger import Ledger
 from tangram.events import (
@@ -122,3 +126,87 @@ def test_failed_partition_fails_the_claim_and_frees_its_placement() -> None:
     assert isinstance(out[1], ClaimFailed)
     assert "could not be created: slices in use" in out[1].reason
     assert book.fleet.allocation(allocated.uid) is None
+
+
+def _partition_failure(command: PartitionRequested, uid: str) -> PartitionFailed:
+    return PartitionFailed(
+        key=command.node,
+        command_id=command.command_id,
+        node=command.node,
+        action="create",
+        gpu_uuid=command.gpu_uuid,
+        profile=command.profile,
+        placement=command.placement,
+        claim_uid=uid,
+        nvml_error="NVML_ERROR_INSUFFICIENT_RESOURCES",
+        reason="slices in use",
+    )
+
+
+def _release(n: int) -> ClaimReleased:
+    uid = f"00000000-0000-4000-8000-{n:012d}"
+    return ClaimReleased(key=uid, namespace="team", name=f"claim-{n}", uid=uid)
+
+
+def test_ledger_rebuilt_from_its_log_makes_the_same_next_decisions() -> None:
+    live = ledger()
+    inventories: list[Event] = [
+        inventory("dgx-h100", "n1"),
+        inventory("l40s-8", "n2"),
+        inventory("dgx-h100", "n3"),
+    ]
+    claims: list[Event] = []
+    results: list[Event] = []  # partition results, replayed after the claims as the service does
+    for event in inventories:
+        live.apply(event, live=False)
+    specs = [gpus(2), mig("1g.10gb"), mig("3g.40gb"), gpus(1), mig("2g.20gb"), gpus(4), mig("1g.10gb")]
+    for n, spec in enumerate(specs * 3):
+        claims.append(request(n, spec))
+        for out in live.apply(claims[-1]):
+            if isinstance(out, PartitionRequested):
+                continue
+            claims.append(out)
+        if n % 3 == 2:
+            claims.append(_release(n - 1))
+            claims.extend(e for e in live.apply(claims[-1]) if not isinstance(e, PartitionRequested))
+    # One MIG claim fails after its allocation: its instance could not be created.
+    [command, allocated] = live.apply(request(100, mig("4g.40gb")))
+    assert isinstance(command, PartitionRequested) and isinstance(allocated, ClaimAllocated)
+    claims.extend([request(100, mig("4g.40gb")), allocated])
+    results.append(_partition_failure(command, allocated.uid))
+    claims.extend(e for e in live.apply(results[-1]) if isinstance(e, ClaimFailed))
+
+    rebuilt = ledger()
+    for event in [*inventories, *claims, *results]:
+        assert rebuilt.apply(event, live=False) == []
+    assert rebuilt.fleet.snapshot() == live.fleet.snapshot()
+    assert rebuilt.fleet.allocation(allocated.uid) is None
+    assert rebuilt.decided == live.decided
+
+    follow_up = [gpus(1), mig("1g.10gb"), mig("7g.80gb"), gpus(2), mig("4g.40gb"), gpus(3), mig("3g.40gb")]
+    for n, spec in enumerate(follow_up, start=200):
+        assert _content(rebuilt.apply(request(n, spec))) == _content(live.apply(request(n, spec)))
+    assert _content(rebuilt.apply(_release(201))) == _content(live.apply(_release(201)))
+    next_mig = request(300, mig("1g.10gb"))
+    assert _content(rebuilt.apply(next_mig)) == _content(live.apply(next_mig))
+
+
+def _content(events: list[Event]) -> list[dict[str, Any]]:
+    """The events without their creation time, the one field two ledgers may not share."""
+    assert events
+    return [
+        {"type": type(e).__name__, **{k: v for k, v in msgspec.to_builtins(e).items() if k != "time"}}
+        for e in events
+    ]
+
+
+def test_replaying_a_release_emits_nothing_and_frees_the_devices() -> None:
+    book = ledger()
+    book.apply(inventory("l40s-8", "n1"), live=False)
+    [allocated] = book.apply(request(1, gpus(8)))
+    assert isinstance(allocated, ClaimAllocated)
+    assert book.apply(_release(1), live=False) == []
+    assert book.fleet.allocation(allocated.uid) is None
+    [again] = book.apply(request(2, gpus(8)))
+    assert isinstance(again, ClaimAllocated)
+    assert sorted(d.device for d in again.devices) == [f"gpu-{i}" for i in range(8)]

@@ -31,7 +31,7 @@ from tangram.allocation.requests import Alternative, ClaimError, ResolvedClaim, 
 from tangram.allocation.shape import NodeShape, shape_signature
 from tangram.allocation.solver import Solution, solve
 from tangram.allocation.spec import DeviceClass, parse_claim_spec
-from tangram.dra import node_devices
+from tangram.allocation.templates import DeviceTemplates
 from tangram.events.catalogue import AllocatedDevice
 from tangram.events.inventory import NodeHardware
 
@@ -55,6 +55,10 @@ class FleetState:
         self._shapes: dict[str, NodeShape] = {}
         self._buckets: dict[str, dict[BucketKey, list[str]]] = {}
         self._bucket_of: dict[str, tuple[str, BucketKey]] = {}
+        # Nodes changed by replayed history since they were last placed in a bucket: a rebuild
+        # indexes each once, before the first decision, instead of after every event.
+        self._unindexed: set[str] = set()
+        self._templates = DeviceTemplates(driver)
         self._held: dict[str, _Held] = {}
         self._held_on: dict[str, set[str]] = {}
         self._eligible = EligibilityCache()
@@ -64,7 +68,7 @@ class FleetState:
     def apply_inventory(self, hw: NodeHardware) -> None:
         """Replace the node's devices; claims allocated there keep their devices."""
         signature = shape_signature(hw)
-        devices = node_devices(hw, driver=self.driver)
+        devices = self._templates.devices(signature, hw)
         shape = self._shapes.get(signature)
         if shape is None:
             shape = self._shapes[signature] = NodeShape(signature, hw, devices)
@@ -72,12 +76,12 @@ class FleetState:
         node = NodeState(hw, devices, shape, generation=old.generation + 1 if old else 1)
         if old is not None and old.destroying:
             present = {(g.index, m.profile_id, m.placement.start) for g in hw.gpus for m in g.mig_instances}
-            node.destroying = old.destroying & present
-            node.refresh(shape.gpus)
+            node.set_destroying(old.destroying & present)
         for uid in sorted(self._held_on.get(hw.node, ())):
             held = self._held[uid]
             node.take([shape.index_by_name[n] for n in held.devices if n in shape.index_by_name], uid)
         self._nodes[hw.node] = node
+        self._unindexed.discard(hw.node)
         self._reindex(node)
 
     def remove_node(self, name: str) -> list[str]:
@@ -85,9 +89,17 @@ class FleetState:
         node = self._nodes.pop(name, None)
         if node is None:
             return []
-        signature, key = self._bucket_of.pop(name)
-        _remove(self._buckets[signature][key], name)
+        self._unindexed.discard(name)
+        place = self._bucket_of.pop(name, None)
+        if place is not None:
+            _remove(self._buckets[place[0]][place[1]], name)
         return sorted(self._held_on.get(name, ()))
+
+    def _reindex_changed(self) -> None:
+        """Place every node changed since the last decision in its bucket, in name order."""
+        for name in sorted(self._unindexed):
+            self._reindex(self._nodes[name])
+        self._unindexed.clear()
 
     def _reindex(self, node: NodeState) -> None:
         place = (node.shape.signature, node.bucket_key())
@@ -153,10 +165,38 @@ class FleetState:
                     )
                 )
         if node is not None:
+            self._unindexed.discard(node.name)
             self._reindex(node)
         return Release(
             claim_uid=claim_uid, node=held.node, devices=list(held.decision.devices), destroy=destroy
         )
+
+    def release_replayed(self, claim_uid: str) -> None:
+        """Apply a release read from the log: release()'s change of state, without its output.
+
+        The destroy plans were derived and published when the release was live, so a rebuild
+        only frees the devices and marks the claim's MIG placements as being destroyed.
+        """
+        held = self._held.pop(claim_uid, None)
+        if held is None:
+            return
+        self._held_on[held.node].discard(claim_uid)
+        node = self._nodes.get(held.node)
+        if node is None:
+            return
+        index = node.shape.index_by_name
+        node.give_back(index[n] for n in held.devices if n in index)
+        for device in held.decision.devices:
+            if (
+                device.admin_access
+                or device.placement is None
+                or device.profile is None
+                or device.profile_id is None
+                or device.device not in index
+            ):
+                continue
+            node.mark_destroying(device.gpu_index, device.profile_id, device.placement.start)
+        self._unindexed.add(node.name)
 
     def allocation(self, claim_uid: str) -> Allocated | None:
         held = self._held.get(claim_uid)
@@ -179,6 +219,7 @@ class FleetState:
     def _candidates(
         self, claim: ResolvedClaim, policy: Policy, rejected: Counter[str]
     ) -> Iterator[NodeState]:
+        self._reindex_changed()
         streams: list[Iterator[tuple[Any, ...]]] = []
         spread = policy == "tangram" and claim.spread
         for signature in sorted(self._buckets):
@@ -318,6 +359,7 @@ class FleetState:
             config=list(resolved.config),
             set_score=solution.set_score,
             ideal_set_score=solution.ideal_set_score,
+            best_available_set_score=solution.best_available_set_score,
             explanation=notes,
         )
         node.take(taken, claim.uid)
@@ -344,7 +386,7 @@ class FleetState:
         if node is not None:
             index = node.shape.index_by_name
             node.take([index[name] for name in taken if name in index], decision.claim_uid)
-            self._reindex(node)
+            self._unindexed.add(node.name)
 
     # --- reporting ------------------------------------------------------------------------------
 

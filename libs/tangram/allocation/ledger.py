@@ -66,11 +66,16 @@ class Ledger:
                 self._adopt(event)
             case ClaimFailed(uid=uid):
                 self.decided[uid] = "failed"
+                # A claim fails after its allocation when its MIG instance could not be created;
+                # live, its devices were freed then, and a rebuild must free them too.
+                self.fleet.release_replayed(uid)
             case ClaimReleased(uid=uid):
                 if uid not in self.released:
                     self.released.add(uid)
-                    destroy = self._release(uid)
-                    return destroy if live else []
+                    if not live:
+                        self.fleet.release_replayed(uid)
+                        return []
+                    return self._release(uid)
             case PartitionFailed(action="create", command_id=command_id):
                 uid = self.commands.get(command_id, event.claim_uid)
                 if self.decided.get(uid) == "allocated" and uid not in self.released:

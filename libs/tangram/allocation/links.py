@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from itertools import combinations
+from math import comb
 
 from tangram.events.inventory import GpuLink
 
 # NVIDIA's device-plugin pair score per NVML topology level (same board 60 ... SYS 10); +100 per NVLink.
 _LEVEL_SCORE: dict[int, int] = {0: 60, 10: 50, 20: 40, 30: 30, 40: 20, 50: 10}
 _NVLINK_SCORE = 100
+_EXHAUSTIVE_SETS = 4096
 
 
 class PairTable:
@@ -47,6 +49,20 @@ class PairTable:
     def min_bandwidth_gbps(self, gpus: Iterable[int]) -> float:
         members = sorted(set(gpus))
         return min((self.bandwidth_gbps(a, b) for a, b in combinations(members, 2)), default=0.0)
+
+    def best_set_score(self, gpus: Iterable[int], k: int) -> int:
+        """The highest set score of any k of these GPUs.
+
+        Exhaustive up to _EXHAUSTIVE_SETS sets (every node of the catalogue: 8 GPUs is at most 70
+        sets per k); beyond that an upper bound, the k(k-1)/2 best pair scores.
+        """
+        members = sorted(set(gpus))
+        if k < 2 or len(members) < k:
+            return 0
+        if comb(len(members), k) <= _EXHAUSTIVE_SETS:
+            return max(self.set_score(c) for c in combinations(members, k))
+        best_pairs = sorted((self.score(a, b) for a, b in combinations(members, 2)), reverse=True)
+        return sum(best_pairs[: k * (k - 1) // 2])
 
     def best_set_scores(self, gpus: Sequence[int]) -> dict[int, int]:
         """k -> the highest set score of any k of these GPUs (exhaustive: 8 GPUs is at most 70 sets per k)."""

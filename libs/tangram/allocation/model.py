@@ -44,6 +44,9 @@ class Allocated(msgspec.Struct, frozen=True, kw_only=True, tag="allocated"):
     config: list[dict[str, Any]] = []  # as status.allocation.devices.config
     set_score: int = 0  # classic topology score of the claim's distinct GPUs (sum over pairs)
     ideal_set_score: int = 0  # the best score any set of that many GPUs of this node can have
+    # The best score any set of that many GPUs free on this node when it was decided can have:
+    # set_score == best_available_set_score means the claim got the best NVLink set available.
+    best_available_set_score: int = 0
     explanation: list[str] = []
 
     @property

@@ -6,7 +6,6 @@ from collections.abc import Iterable
 
 from tangram.allocation.shape import DeviceShape, NodeShape
 from tangram.dra.model import Device, NodeDevices
-from tangram.dra.names import memory_slice_counter
 from tangram.events.inventory import NodeHardware
 
 
@@ -22,7 +21,11 @@ class ExistingInstance:
 
 
 class NodeState:
-    """Availability is kept per device and refreshed per GPU, so a claim reads it without recomputing."""
+    """Availability is kept per device and settled per GPU on the first read after a change.
+
+    Changes only mark their GPUs stale, so a rebuild that folds thousands of takes and releases
+    into a node computes its availability once, when a decision first reads it.
+    """
 
     def __init__(self, hw: NodeHardware, devices: NodeDevices, shape: NodeShape, generation: int) -> None:
         self.name = hw.node
@@ -43,44 +46,71 @@ class NodeState:
             ]
             for g in hw.gpus
         }
-        self.available: list[bool] = [False] * len(shape.devices)
-        self.occupied: dict[int, int] = dict.fromkeys(shape.gpus, 0)
-        self.whole_free: dict[int, bool] = dict.fromkeys(shape.gpus, False)
+        self._available: list[bool] = [False] * len(shape.devices)
+        self._occupied: dict[int, int] = dict.fromkeys(shape.gpus, 0)
+        self._whole_free: dict[int, bool] = dict.fromkeys(shape.gpus, False)
+        self._stale: set[int] = set(shape.gpus)
         self.version = 0
-        self.refresh(shape.gpus)
 
     # --- changes -----------------------------------------------------------------------------------
 
     def take(self, indexes: Iterable[int], uid: str) -> None:
-        touched = set()
+        devices = self.shape.devices
         for i in indexes:
-            device = self.shape.devices[i]
+            device = devices[i]
             self.allocated[i] = uid
             for set_name, counters in device.consumes:
                 remaining = self.remaining[set_name]
                 for counter, amount in counters:
                     remaining[counter] = remaining.get(counter, 0) - amount
-            touched.add(device.gpu_index)
-        self.refresh(touched)
+            self._stale.add(device.gpu_index)
+        self.version += 1
 
     def give_back(self, indexes: Iterable[int]) -> None:
-        touched = set()
+        devices = self.shape.devices
         for i in indexes:
             if self.allocated.pop(i, None) is None:
                 continue
-            device = self.shape.devices[i]
+            device = devices[i]
             for set_name, counters in device.consumes:
                 remaining = self.remaining[set_name]
                 for counter, amount in counters:
                     remaining[counter] = remaining.get(counter, 0) + amount
-            touched.add(device.gpu_index)
-        self.refresh(touched)
+            self._stale.add(device.gpu_index)
+        self.version += 1
 
     def mark_destroying(self, gpu_index: int, profile_id: int, start: int) -> None:
         self.destroying.add((gpu_index, profile_id, start))
-        self.refresh([gpu_index])
+        self._stale.add(gpu_index)
+        self.version += 1
+
+    def set_destroying(self, destroying: set[tuple[int, int, int]]) -> None:
+        self.destroying = set(destroying)
+        self._stale.update(self.shape.gpus)
+        self.version += 1
 
     # --- queries -----------------------------------------------------------------------------------
+
+    @property
+    def available(self) -> list[bool]:
+        """Per device: free to hand out now (read-only to callers)."""
+        if self._stale:
+            self._settle()
+        return self._available
+
+    @property
+    def occupied(self) -> dict[int, int]:
+        """Per GPU: memory slices taken by claims or by instances no claim owns, as bits."""
+        if self._stale:
+            self._settle()
+        return self._occupied
+
+    @property
+    def whole_free(self) -> dict[int, bool]:
+        """Per GPU: it can be handed out whole now."""
+        if self._stale:
+            self._settle()
+        return self._whole_free
 
     def instance_for(self, device: DeviceShape) -> ExistingInstance | None:
         """The live MIG instance at exactly this placement, if there is one not being destroyed."""
@@ -94,66 +124,95 @@ class NodeState:
         return None
 
     def fits(self, device: DeviceShape) -> bool:
-        for set_name, counters in device.consumes:
-            remaining = self.remaining[set_name]
-            for counter, amount in counters:
-                if remaining.get(counter, 0) < amount:
-                    return False
-        return True
+        """The node's remaining counters cover what the device consumes."""
+        if device.slice_bits and device.slice_bits & self._used_slices(device.slice_set) != 0:
+            return False
+        remaining = self.remaining
+        return all(remaining[s].get(c, 0) >= amount for s, c, amount in device.needs)
 
     def bucket_key(self) -> tuple[int, int]:
         """(free whole GPUs, longest free slice run on a GPU that is not free whole): the fleet index key."""
+        whole_free = self.whole_free
+        occupied = self._occupied
         free_whole = 0
         longest = 0
         for gpu in self.shape.gpus.values():
-            if self.whole_free[gpu.index]:
+            if whole_free[gpu.index]:
                 free_whole += 1
             elif gpu.mig:
-                longest = max(longest, _longest_run(~self.occupied[gpu.index], gpu.slices))
+                longest = max(longest, _longest_run(~occupied[gpu.index], gpu.slices))
         return free_whole, longest
 
     # --- availability ------------------------------------------------------------------------------
 
-    def refresh(self, gpu_indexes: Iterable[int]) -> None:
-        self.version += 1
+    def _used_slices(self, set_name: str | None) -> int:
+        if set_name is None:
+            return 0
+        remaining = self.remaining[set_name]
+        used = 0
+        for bit, counter in self.shape.slice_counters[set_name]:
+            if remaining.get(counter, 0) < 1:
+                used |= 1 << bit
+        return used
+
+    def _settle(self) -> None:
+        stale = sorted(self._stale)
+        self._stale.clear()
+        for g in stale:
+            self._refresh_gpu(g)
+
+    def _refresh_gpu(self, g: int) -> None:
         shape = self.shape
-        for g in gpu_indexes:
-            gpu = shape.gpus[g]
-            live = [
-                inst
-                for inst in self.existing.get(g, ())
-                if (g, inst.profile_id, inst.start) not in self.destroying
-            ]
-            occupied = 0
-            if gpu.counter_set is not None and gpu.slices:
-                remaining = self.remaining[gpu.counter_set]
-                for s in range(gpu.slices):
-                    if remaining.get(memory_slice_counter(s), 0) < 1:
-                        occupied |= 1 << s
-            claimed_masks = {shape.devices[i].mask for i in gpu.mig if i in self.allocated}
-            foreign = 0
+        devices = shape.devices
+        allocated = self.allocated
+        remaining = self.remaining
+        available = self._available
+        gpu = shape.gpus[g]
+        destroying = self.destroying
+        live = [
+            inst for inst in self.existing.get(g, ()) if (g, inst.profile_id, inst.start) not in destroying
+        ]
+        used = self._used_slices(gpu.counter_set)
+        occupied = (used & ((1 << gpu.slices) - 1)) | gpu.uncounted_slices if gpu.counter_set else 0
+        foreign = 0
+        if live:
+            claimed_masks = {devices[i].mask for i in gpu.mig if i in allocated}
             for inst in live:
                 if inst.mask not in claimed_masks:
                     foreign |= inst.mask
-            self.occupied[g] = occupied | foreign
-            for i in gpu.mig:
-                device = shape.devices[i]
-                if i in self.allocated or not self.fits(device):
-                    self.available[i] = False
-                    continue
-                exact = next(
-                    (x for x in live if x.profile_id == device.profile_id and x.mask == device.mask), None
-                )
-                if exact is not None:
-                    self.available[i] = not exact.in_use
-                else:
-                    self.available[i] = device.mask & foreign == 0
-            if gpu.whole is not None:
-                free = gpu.whole not in self.allocated and self.fits(shape.devices[gpu.whole]) and not live
-                self.available[gpu.whole] = free
-                self.whole_free[g] = free
+        self._occupied[g] = occupied | foreign
+        for i in gpu.mig:
+            device = devices[i]
+            if (
+                i in allocated
+                or device.slice_bits
+                & (used if device.slice_set == gpu.counter_set else self._used_slices(device.slice_set))
+                or not all(remaining[s].get(c, 0) >= amount for s, c, amount in device.needs)
+            ):
+                available[i] = False
+                continue
+            exact = None
+            for x in live:
+                if x.profile_id == device.profile_id and x.mask == device.mask:
+                    exact = x
+                    break
+            if exact is not None:
+                available[i] = not exact.in_use
             else:
-                self.whole_free[g] = False
+                available[i] = device.mask & foreign == 0
+        if gpu.whole is not None:
+            device = devices[gpu.whole]
+            free = (
+                gpu.whole not in allocated
+                and not live
+                and not device.slice_bits
+                & (used if device.slice_set == gpu.counter_set else self._used_slices(device.slice_set))
+                and all(remaining[s].get(c, 0) >= amount for s, c, amount in device.needs)
+            )
+            available[gpu.whole] = free
+            self._whole_free[g] = free
+        else:
+            self._whole_free[g] = False
 
 
 def _longest_run(free_bits: int, width: int) -> int:

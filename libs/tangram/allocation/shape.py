@@ -14,6 +14,7 @@ import msgspec
 
 from tangram.allocation.links import PairTable
 from tangram.dra.model import Device, NodeDevices
+from tangram.dra.names import memory_slice_counter
 from tangram.events.inventory import NodeHardware
 
 # Attributes whose values differ between otherwise identical nodes; a selector that names one of
@@ -53,6 +54,11 @@ class DeviceShape:
     mask: int  # memory slices as bits
     profile_id: int | None
     consumes: tuple[tuple[str, tuple[tuple[str, int], ...]], ...]  # (counter set, ((counter, amount), ...))
+    # The same consumption split for a fast fit test: memory-slice counters of one counter set as
+    # bits (each a 0/1 counter), and every other counter as (counter set, counter, amount).
+    slice_set: str | None = None
+    slice_bits: int = 0
+    needs: tuple[tuple[str, str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +69,7 @@ class GpuShape:
     mig: tuple[int, ...]  # MIG placement devices
     counter_set: str | None
     placements: tuple[tuple[int, int], ...]  # (size, mask) of every profile's placements
+    uncounted_slices: int = 0  # memory slices with no one-unit counter in counter_set: never free
 
 
 class NodeShape:
@@ -70,11 +77,18 @@ class NodeShape:
 
     def __init__(self, signature: str, hw: NodeHardware, devices: NodeDevices) -> None:
         self.signature = signature
+        self.counter_sets = {cs.name: dict(cs.counters) for cs in devices.counter_sets}
+        # Per counter set, its one-unit memory-slice counters as (bit, counter name).
+        self.slice_counters: dict[str, tuple[tuple[int, str], ...]] = {
+            name: tuple(
+                (s, memory_slice_counter(s)) for s in range(64) if counters.get(memory_slice_counter(s)) == 1
+            )
+            for name, counters in self.counter_sets.items()
+        }
         self.devices: tuple[DeviceShape, ...] = tuple(
-            _device_shape(i, d, hw) for i, d in enumerate(devices.devices)
+            _device_shape(i, d, hw, self.slice_counters) for i, d in enumerate(devices.devices)
         )
         self.index_by_name = {d.name: d.index for d in self.devices}
-        self.counter_sets = {cs.name: dict(cs.counters) for cs in devices.counter_sets}
         self.pairs = PairTable([g.index for g in hw.gpus], hw.links)
         gpus: dict[int, GpuShape] = {}
         for gpu in sorted(hw.gpus, key=lambda g: g.index):
@@ -82,13 +96,17 @@ class NodeShape:
             whole = next((d.index for d in mine if d.kind == "gpu"), None)
             mig = tuple(d.index for d in mine if d.kind == "mig")
             sets = {name for d in mine for name, _ in d.consumes}
+            counter_set = min(sets) if sets else None
+            slices = gpu.memory_slices if mig else 0
+            counted = {bit for bit, _ in self.slice_counters.get(counter_set or "", ())}
             gpus[gpu.index] = GpuShape(
                 index=gpu.index,
-                slices=gpu.memory_slices if mig else 0,
+                slices=slices,
                 whole=whole,
                 mig=mig,
-                counter_set=min(sets) if sets else None,
+                counter_set=counter_set,
                 placements=tuple(sorted((self.devices[i].size, self.devices[i].mask) for i in mig)),
+                uncounted_slices=sum(1 << s for s in range(slices) if s not in counted),
             )
         self.gpus = gpus
         self.devices_by_set: dict[str, tuple[int, ...]] = {
@@ -99,7 +117,9 @@ class NodeShape:
         self.best_set_scores = self.pairs.best_set_scores(whole_gpus)
 
 
-def _device_shape(index: int, device: Device, hw: NodeHardware) -> DeviceShape:
+def _device_shape(
+    index: int, device: Device, hw: NodeHardware, slice_counters: dict[str, tuple[tuple[int, str], ...]]
+) -> DeviceShape:
     gpu = next(g for g in hw.gpus if g.index == device.gpu_index)
     if device.placement is not None:
         size = device.placement.size
@@ -108,6 +128,16 @@ def _device_shape(index: int, device: Device, hw: NodeHardware) -> DeviceShape:
         size = gpu.memory_slices if device.consumes else 0
         mask = (1 << size) - 1
     consumes = tuple((c.counter_set, tuple(sorted(c.counters.items()))) for c in device.consumes)
+    slice_set = consumes[0][0] if consumes else None
+    bit_of = {name: bit for bit, name in slice_counters.get(slice_set or "", ())}
+    slice_bits = 0
+    needs: list[tuple[str, str, int]] = []
+    for set_name, counters in consumes:
+        for counter, amount in counters:
+            if set_name == slice_set and counter in bit_of and amount == 1:
+                slice_bits |= 1 << bit_of[counter]
+            else:
+                needs.append((set_name, counter, amount))
     return DeviceShape(
         index=index,
         name=device.name,
@@ -117,6 +147,9 @@ def _device_shape(index: int, device: Device, hw: NodeHardware) -> DeviceShape:
         mask=mask,
         profile_id=device.profile_id,
         consumes=consumes,
+        slice_set=slice_set,
+        slice_bits=slice_bits,
+        needs=tuple(needs),
     )
 
 

@@ -27,7 +27,8 @@ _SCORED_SETS_LIMIT = 512  # enumerate and rank every GPU set up to this many
 class Solution:
     picks: tuple[tuple[Alternative, tuple[int, ...]], ...]
     set_score: int  # summed over requests that span several GPUs
-    ideal_set_score: int
+    ideal_set_score: int  # what the best sets of the node's GPUs would score, were all free
+    best_available_set_score: int  # what the best sets of the GPUs free at decision time score
 
     @property
     def ideal(self) -> bool:
@@ -56,6 +57,7 @@ class _Search:
         self.distinct: dict[int, set[AttributeValue]] = {}
         self.topology_gpus: dict[int, list[int]] = {}
         self.picks: list[tuple[Alternative, tuple[int, ...]]] = []
+        self.offered: dict[int, list[int]] = {}  # depth -> free devices its last choices came from
         self.results = 0
         self.steps = 0
         self.failure = (-1, "")
@@ -103,6 +105,7 @@ class _Search:
                 return iter(())
             return iter((found.devices,))
         free = [d for d in found.devices if (alt.admin or available[d]) and d not in self.used]
+        self.offered[depth] = free
         if len(free) < alt.count:
             what = f'class "{alt.class_name}"{" and selectors" if len(alt.selectors) > 1 else ""}'
             if alt.count == 1:
@@ -217,12 +220,13 @@ class _Search:
         node = self.node
         shape = node.shape
         free_whole = [g for g, ok in node.whole_free.items() if ok]
+        occupied = node.occupied
 
         def single(d: int) -> tuple[int, tuple[int, ...], int, int]:
             device = shape.devices[d]
             gpu = shape.gpus[device.gpu_index]
             if device.size:
-                loss = placement_loss(gpu.placements, node.occupied[gpu.index], device.mask)
+                loss = placement_loss(gpu.placements, occupied[gpu.index], device.mask)
                 size = device.size
             else:
                 loss = (0,) * len(SIZE_CLASSES)
@@ -265,12 +269,20 @@ def solve(
     if not found:
         return search.failure[1] or "no combination of free devices satisfies the claim"
     shape = node.shape
-    set_score = ideal = 0
-    for alt, choice in search.picks:
+    set_score = ideal = best_available = 0
+    for depth, (alt, choice) in enumerate(search.picks):
         if alt.admin:
             continue
         gpus = {shape.devices[d].gpu_index for d in choice}
         if len(gpus) > 1:
-            set_score += shape.pairs.set_score(gpus)
+            score = shape.pairs.set_score(gpus)
+            set_score += score
             ideal += shape.best_set_scores.get(len(gpus), 0)
-    return Solution(picks=tuple(search.picks), set_score=set_score, ideal_set_score=ideal)
+            offered = {shape.devices[d].gpu_index for d in search.offered.get(depth, choice)}
+            best_available += max(score, shape.pairs.best_set_score(offered | gpus, len(gpus)))
+    return Solution(
+        picks=tuple(search.picks),
+        set_score=set_score,
+        ideal_set_score=ideal,
+        best_available_set_score=best_available,
+    )

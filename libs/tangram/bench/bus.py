@@ -23,17 +23,20 @@ from tangram.natsserver import NatsServer
 
 PLAIN_STREAM = "BENCH_PLAIN"
 CHUNK = 1000
+PACED_CHUNK = 20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--events", type=int, default=50_000, help="events per run (default 50000)")
-    parser.add_argument("--nats-url", default=None, help="use this server instead of an embedded one")
+    parser.add_argument(
+        "--rate", type=int, default=2000, help="events/s of the paced latency run (default 2000)"
+    )
 
 
-def _events(count: int) -> list[Event]:
+def _events(count: int, prefix: str) -> list[Event]:
     spec: dict[str, Any] = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu"}}]}}
     return [
-        ClaimRequested(key=f"bench-{n}", namespace="bench", name=f"c{n}", uid=f"bench-{n}", spec=spec)
+        ClaimRequested(key=f"{prefix}-{n}", namespace="bench", name=f"c{n}", uid=f"{prefix}-{n}", spec=spec)
         for n in range(count)
     ]
 
@@ -52,7 +55,17 @@ def _figures(count: int, publish_s: float, consume_s: float, latencies_ms: list[
     }
 
 
-async def _tangram(bus: Bus, events: list[Event]) -> dict[str, float]:
+async def _pace(started: float, index: int, interval: float | None) -> None:
+    """Paced runs publish chunk `index` at started + index * interval; saturated runs never wait."""
+    if interval is not None:
+        delay = started + index * interval - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+async def _tangram(
+    bus: Bus, events: list[Event], chunk_size: int, interval: float | None
+) -> dict[str, float]:
     sent: dict[str, float] = {}
     latencies: list[float] = []
     first: list[float] = []
@@ -68,12 +81,16 @@ async def _tangram(bus: Bus, events: list[Event]) -> dict[str, float]:
             done.set()
 
     ready = asyncio.Event()
-    spec = ConsumerSpec(durable="bench", stream=CLAIMS_STREAM, filter_subjects=("tangram.claim.requested.>",))
+    # Each run starts on an empty stream (the benchmark's own server), so its consumer sees only it.
+    await bus.jetstream.purge_stream(CLAIMS_STREAM)
+    durable = "bench-paced" if interval else "bench"
+    spec = ConsumerSpec(durable=durable, stream=CLAIMS_STREAM, filter_subjects=("tangram.claim.requested.>",))
     consumer = asyncio.create_task(bus.consume(spec, handler, stop=stop, batch=256, ready=ready))
     await ready.wait()
     started = time.perf_counter()
-    for offset in range(0, len(events), CHUNK):
-        chunk = events[offset : offset + CHUNK]
+    for index, offset in enumerate(range(0, len(events), chunk_size)):
+        await _pace(started, index, interval)
+        chunk = events[offset : offset + chunk_size]
         stamp = time.perf_counter()
         for event in chunk:
             sent[event.event_id] = stamp
@@ -86,13 +103,14 @@ async def _tangram(bus: Bus, events: list[Event]) -> dict[str, float]:
     return _figures(len(events), publish_s, consume_s, latencies)
 
 
-async def _plain(bus: Bus, events: list[Event]) -> dict[str, float]:
+async def _plain(bus: Bus, events: list[Event], chunk_size: int, interval: float | None) -> dict[str, float]:
     """The floor: nats-py publish_async and a bare pull consumer, same payloads and headers."""
     js = bus.jetstream
-    await js.add_stream(StreamConfig(name=PLAIN_STREAM, subjects=["bench.plain.>"]))
-    payloads = [(f"bench.plain.{e.key}", encode(e), {"Nats-Msg-Id": e.event_id}) for e in events]
-    await js.add_consumer(PLAIN_STREAM, ConsumerConfig(durable_name="plain", ack_policy=AckPolicy.EXPLICIT))
-    sub = await js.pull_subscribe_bind("plain", stream=PLAIN_STREAM)
+    stream = f"{PLAIN_STREAM}_{'PACED' if interval else 'SATURATED'}"
+    await js.add_stream(StreamConfig(name=stream, subjects=[f"bench.{stream.lower()}.>"]))
+    payloads = [(f"bench.{stream.lower()}.{e.key}", encode(e), {"Nats-Msg-Id": e.event_id}) for e in events]
+    await js.add_consumer(stream, ConsumerConfig(durable_name="plain", ack_policy=AckPolicy.EXPLICIT))
+    sub = await js.pull_subscribe_bind("plain", stream=stream)
     sent: dict[str, float] = {}
     latencies: list[float] = []
     first: list[float] = []
@@ -112,13 +130,14 @@ async def _plain(bus: Bus, events: list[Event]) -> dict[str, float]:
 
     consumer = asyncio.create_task(consume())
     started = time.perf_counter()
-    for offset in range(0, len(payloads), CHUNK):
-        chunk = payloads[offset : offset + CHUNK]
+    for index, offset in enumerate(range(0, len(payloads), chunk_size)):
+        await _pace(started, index, interval)
+        chunk = payloads[offset : offset + chunk_size]
         stamp = time.perf_counter()
         futures = []
         for subject, data, headers in chunk:
             sent[headers["Nats-Msg-Id"]] = stamp
-            futures.append(await js.publish_async(subject, data, stream=PLAIN_STREAM, headers=headers))
+            futures.append(await js.publish_async(subject, data, stream=stream, headers=headers))
         await asyncio.gather(*futures)
     publish_s = time.perf_counter() - started
     await consumer
@@ -127,28 +146,47 @@ async def _plain(bus: Bus, events: list[Event]) -> dict[str, float]:
     return _figures(len(payloads), publish_s, consume_s, latencies)
 
 
-async def _run(count: int, url: str | None) -> dict[str, Any]:
+async def _run(count: int, rate: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="tangram-bench-") as store:
-        server = None if url else NatsServer(Path(store)).start()
+        server = NatsServer(Path(store)).start()
         try:
-            bus = await Bus.connect(
-                BusConfig(servers=(url or server.url,), name="bench", producer="bench")  # type: ignore[union-attr]
-            )
+            bus = await Bus.connect(BusConfig(servers=(server.url,), name="bench", producer="bench"))
             try:
                 await bus.ensure_streams()
-                tangram = await _tangram(bus, _events(count))
-                plain = await _plain(bus, _events(count))
+                tangram = await _tangram(bus, _events(count, "saturated"), CHUNK, None)
+                plain = await _plain(bus, _events(count, "saturated"), CHUNK, None)
+                paced_count = min(count, rate * 5)
+                interval = PACED_CHUNK / rate
+                tangram_paced = await _tangram(bus, _events(paced_count, "paced"), PACED_CHUNK, interval)
+                plain_paced = await _plain(bus, _events(paced_count, "paced"), PACED_CHUNK, interval)
             finally:
                 await bus.close()
         finally:
-            if server is not None:
-                server.stop()
-    ratios = {key: round(tangram[key] / plain[key], 3) for key in tangram}
-    return {"benchmark": "bus", "events": count, "tangram": tangram, "nats_py": plain, "ratio": ratios}
+            server.stop()
+    latency_keys = ("latency_p50_ms", "latency_p99_ms")
+    return {
+        "benchmark": "bus",
+        "events": count,
+        "saturated": {
+            "note": "publish as fast as acks allow; latency here is queueing behind the backlog",
+            "tangram": tangram,
+            "nats_py": plain,
+            "ratio": {key: round(tangram[key] / plain[key], 3) for key in tangram},
+        },
+        "paced": {
+            "rate_per_s": rate,
+            "events": paced_count,
+            "tangram": {key: tangram_paced[key] for key in latency_keys},
+            "nats_py": {key: plain_paced[key] for key in latency_keys},
+            "ratio": {key: round(tangram_paced[key] / plain_paced[key], 3) for key in latency_keys},
+        },
+    }
 
 
 def run(args: argparse.Namespace) -> int:
     if args.events <= 0:
         raise SystemExit("tangram bench bus: --events must be positive")
-    print(json.dumps(asyncio.run(_run(args.events, args.nats_url))))
+    if args.rate <= 0:
+        raise SystemExit("tangram bench bus: --rate must be positive")
+    print(json.dumps(asyncio.run(_run(args.events, args.rate))))
     return 0

@@ -268,14 +268,18 @@ class Bus:
         if last_seq == 0 or (start_seq is not None and start_seq > last_seq):
             return
         inbox = self._nc.new_inbox()
-        queue: asyncio.Queue[Msg] = asyncio.Queue()
+        # Delivered messages land in a list that the reader swaps out whole: a queue operation per
+        # message would cost more than the rest of the replay.
+        arrived: list[Msg] = []
+        more = asyncio.Event()
 
         async def deliver(msg: Msg) -> None:
             if not msg.data and msg.headers and msg.headers.get("Status") == "100":
                 if msg.reply:  # flow control asks for an answer; idle heartbeats do not
                     await self._nc.publish(msg.reply, b"")
                 return
-            queue.put_nowait(msg)
+            arrived.append(msg)
+            more.set()
 
         sub = await self._nc.subscribe(inbox, cb=deliver)
         config = ConsumerConfig(
@@ -301,25 +305,26 @@ class Bus:
             if consumer.num_pending == 0:
                 return
             while True:
-                if queue.empty():
+                if not arrived:
+                    more.clear()
                     try:
-                        msg = await asyncio.wait_for(queue.get(), 30.0)
+                        await asyncio.wait_for(more.wait(), 30.0)
                     except TimeoutError as exc:
                         raise BusError(f"replay of {stream} stalled: nothing delivered for 30 s") from exc
-                else:
-                    msg = queue.get_nowait()
-                sequence, pending = _delivery_position(msg)
-                if sequence > last_seq:
-                    return
-                try:
-                    yield sequence, decode(msg.data)
-                except EventDecodeError as exc:
-                    log.warning(
-                        "skipping undecodable message in replay",
-                        extra={"stream": stream, "sequence": sequence, "error": str(exc)},
-                    )
-                if pending == 0 or sequence >= last_seq:
-                    return
+                batch, arrived[:] = list(arrived), []
+                for msg in batch:
+                    sequence, pending = _delivery_position(msg)
+                    if sequence > last_seq:
+                        return
+                    try:
+                        yield sequence, decode(msg.data)
+                    except EventDecodeError as exc:
+                        log.warning(
+                            "skipping undecodable message in replay",
+                            extra={"stream": stream, "sequence": sequence, "error": str(exc)},
+                        )
+                    if pending == 0 or sequence >= last_seq:
+                        return
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
