@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from pathlib import Path
@@ -81,6 +82,10 @@ async def run(ctx: ServiceContext, settings: AllocatorSettings) -> None:
         producer=ctx.bus.config.producer,
     )
     await rebuild(ctx, ledger)
+    # The fleet state is long-lived: move it out of the collector's way so that full collections
+    # do not walk it (a pause of hundreds of ms at 1,000 nodes) in the middle of decisions.
+    gc.collect()
+    gc.freeze()
 
     async def handle(event: Event) -> None:
         started = time.perf_counter()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
@@ -78,3 +79,35 @@ class FleetMetrics(msgspec.Struct, frozen=True, kw_only=True):
     stranded_gpus: float  # free capacity, in GPUs, on partially used GPUs: no whole-GPU claim can use it
     claims: int
     allocated_devices: int
+
+
+@dataclass
+class NvlinkTally:
+    """How many multi-GPU claims got the best NVLink set: available at decision time (what Tangram
+    promises), and the best an empty node of that hardware could give (a stricter measure)."""
+
+    multi_gpu: int = 0
+    best_available: int = 0
+    ideal: int = 0
+
+    def count(self, decision: Allocated) -> None:
+        if decision.ideal_set_score <= 0:
+            return
+        self.multi_gpu += 1
+        self.best_available += decision.set_score >= decision.best_available_set_score
+        self.ideal += decision.set_score >= decision.ideal_set_score
+
+    def add(self, other: NvlinkTally) -> None:
+        self.multi_gpu += other.multi_gpu
+        self.best_available += other.best_available
+        self.ideal += other.ideal
+
+    def report(self) -> dict[str, float | int]:
+        def share(count: int) -> float:
+            return round(count / self.multi_gpu, 4) if self.multi_gpu else 1.0
+
+        return {
+            "multi_gpu_claims": self.multi_gpu,
+            "multi_gpu_nvlink_optimal_share": share(self.best_available),
+            "multi_gpu_ideal_set_share": share(self.ideal),
+        }

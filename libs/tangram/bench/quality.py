@@ -8,6 +8,7 @@ optimum is the most of the claims alive at saturation that any placement admits 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
 
-from tangram.allocation import POLICIES, Allocated, Claim, DeviceClass, FleetState, Policy
+from tangram.allocation import POLICIES, Allocated, Claim, DeviceClass, FleetState, NvlinkTally, Policy
 from tangram.bench.traces import (
     Arrival,
     ClaimShape,
@@ -208,7 +209,8 @@ def replay(
     fleet = FleetState()
     for hw in nodes:
         fleet.apply_inventory(hw)
-    admitted = failed = multi = multi_optimal = 0
+    admitted = failed = 0
+    nvlink = NvlinkTally()
     for op in ops:
         if not isinstance(op, Arrival):
             fleet.release(op.uid)
@@ -217,9 +219,7 @@ def replay(
         decision = fleet.allocate(claim, classes, policy)
         if isinstance(decision, Allocated):
             admitted += 1
-            if decision.ideal_set_score > 0:
-                multi += 1
-                multi_optimal += decision.set_score >= decision.ideal_set_score
+            nvlink.count(decision)
         else:
             failed += 1
     metrics = fleet.metrics()
@@ -229,8 +229,7 @@ def replay(
         "alive_admitted_at_saturation": metrics.claims,
         "stranded_gpus": metrics.stranded_gpus,
         "free_gpus": metrics.free_gpus,
-        "multi_gpu_claims": multi,
-        "multi_gpu_nvlink_optimal": multi_optimal,
+        "nvlink": dataclasses.asdict(nvlink),
     }
 
 
@@ -273,14 +272,14 @@ def summarize(instances: list[dict[str, Any]], policies: list[Policy]) -> dict[s
     for policy in policies:
         rows = [i["policies"][policy] for i in instances]
         held = sum(r["alive_admitted_at_saturation"] for r in rows)
-        multi = sum(r["multi_gpu_claims"] for r in rows)
+        nvlink = NvlinkTally()
+        for row in rows:
+            nvlink.add(NvlinkTally(**row["nvlink"]))
         out[policy] = {
             "admitted": sum(r["admitted"] for r in rows),
             "failed": sum(r["failed"] for r in rows),
             "stranded_gpus": round(sum(r["stranded_gpus"] for r in rows), 3),
-            "multi_gpu_nvlink_optimal_share": (
-                round(sum(r["multi_gpu_nvlink_optimal"] for r in rows) / multi, 4) if multi else 1.0
-            ),
+            **nvlink.report(),
             "alive_admitted_at_saturation": held,
             "optimum_share": round(held / optimum, 4) if optimum else 1.0,
             "worst_instance_optimum_share": min((r["optimum_share"] for r in rows), default=1.0),

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from tangram.allocation import POLICIES, Allocated, Claim, DeviceClass, FleetState
+from tangram.allocation import POLICIES, Allocated, Claim, DeviceClass, FleetState, NvlinkTally
 from tangram.events.inventory import NodeHardware
 
 
@@ -143,7 +143,8 @@ def _run(args: argparse.Namespace) -> int:
             classes[device_class.name] = device_class
     by_key: dict[str, str] = {}
     timings: list[float] = []
-    admitted = failed = multi = multi_optimal = 0
+    admitted = failed = 0
+    nvlink = NvlinkTally()
     out = sys.stdout
     for position, doc in enumerate(yaml.safe_load_all(args.trace.read_text())):
         if doc is None:
@@ -181,9 +182,7 @@ def _run(args: argparse.Namespace) -> int:
         if isinstance(decision, Allocated):
             admitted += 1
             by_key[claim.key] = claim.uid
-            if decision.ideal_set_score > 0:
-                multi += 1
-                multi_optimal += decision.set_score >= decision.ideal_set_score
+            nvlink.count(decision)
             line.update(
                 status="allocated", node=decision.node, devices=[_device_json(d) for d in decision.devices]
             )
@@ -202,8 +201,7 @@ def _run(args: argparse.Namespace) -> int:
         "failed": failed,
         "stranded_gpus": metrics.stranded_gpus,
         "free_gpus": metrics.free_gpus,
-        "multi_gpu_claims": multi,
-        "multi_gpu_nvlink_optimal_share": round(multi_optimal / multi, 4) if multi else 1.0,
+        **nvlink.report(),
         "decisions_per_s": round(len(timings) / total, 1) if total > 0 else 0.0,
         "p50_decision_ms": round(_percentile(timings, 0.50) * 1000, 3),
         "p99_decision_ms": round(_percentile(timings, 0.99) * 1000, 3),
