@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tangram.allocation.quantity import parse_quantity
+from tangram.quantity import ceil_quantity
 
 MAX_RESULTS = 32  # resource.k8s.io/v1 AllocationResultsMaxSize
 TOPOLOGY_API_VERSION = "gpu.tangram.dev/v1alpha1"
@@ -36,7 +36,7 @@ def _label(value: str, what: str) -> str:
 def _quantities(value: Any) -> Any:
     if not isinstance(value, dict):
         return value
-    return {k: parse_quantity(v) if isinstance(v, str | int) else v for k, v in value.items()}
+    return {k: ceil_quantity(v) if isinstance(v, str | int) else v for k, v in value.items()}
 
 
 class CelDeviceSelector(_Strict):

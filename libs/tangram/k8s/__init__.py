@@ -2,8 +2,8 @@
 
 from tangram.k8s.deviceclasses import load_shipped_device_classes
 from tangram.k8s.limits import K8S_VERSIONS, LIMITS, K8sVersion, SliceLimits, check_limits
-from tangram.k8s.quantity import binary_quantity, decimal_quantity
 from tangram.k8s.slices import SliceRenderError, render_device, render_slices, slice_name
+from tangram.quantity import binary_quantity, decimal_quantity
 
 __all__ = [
     "K8S_VERSIONS",

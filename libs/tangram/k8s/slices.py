@@ -13,7 +13,7 @@ from typing import Any
 
 from tangram.dra.model import AttributeValue, CounterSet, Device, NodeDevices, Version
 from tangram.k8s.limits import MAX_SUBDOMAIN, K8sVersion, SliceLimits, check_limits, limits_for
-from tangram.k8s.quantity import binary_quantity, decimal_quantity
+from tangram.quantity import binary_quantity, decimal_quantity
 
 API_VERSION = "resource.k8s.io/v1"
 # capacities and counters counted in bytes, by their unqualified name
