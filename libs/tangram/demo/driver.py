@@ -48,6 +48,8 @@ class Tracker:
     destroy_requested: set[str] = field(default_factory=set)
     destroy_done: set[str] = field(default_factory=set)
     mig_created: int = 0
+    commanded: dict[str, float] = field(default_factory=dict)  # command id -> when it was seen
+    command_ms: list[float] = field(default_factory=list)  # partition command -> applied
 
     async def on_message(self, msg: Msg) -> None:
         try:
@@ -56,6 +58,11 @@ class Tracker:
             self.counts["undecodable"] += 1
             return
         self.counts[event.type_name()] += 1
+        now = time.monotonic()
+        if isinstance(event, PartitionRequested):
+            self.commanded[event.command_id] = now
+        elif isinstance(event, PartitionApplied) and event.command_id in self.commanded:
+            self.command_ms.append((now - self.commanded.pop(event.command_id)) * 1000)
         self.out(f"+{time.monotonic() - self.started:7.2f}s  {event.type_name():<19} {describe(event)}")
         match event:
             case NodeInventory(hardware=hw):
@@ -191,6 +198,7 @@ async def drive(
         await subscription.unsubscribe()
         await bus.close()
     ready = sorted(driver.ready_ms)
+    commands = sorted(tracker.command_ms)
     return {
         "nodes": {node.name: node.machine for node in cluster.nodes},
         "claims": sum(driver.outcomes[k] for k in ("allocated", "failed", "undecided")),
@@ -203,11 +211,18 @@ async def drive(
         "mig_created": tracker.mig_created,
         "mig_destroyed": len(tracker.destroy_done),
         "mig_destroy_pending": len(tracker.destroy_requested - tracker.destroy_done),
-        "claim_to_ready_ms": {
-            "p50": round(statistics.median(ready), 2) if ready else None,
-            "p99": round(ready[min(len(ready) - 1, int(0.99 * len(ready)))], 2) if ready else None,
-        },
+        "claim_to_ready_ms": _percentiles(ready),
+        "partition_command_to_applied_ms": _percentiles(commands),
         "events": dict(sorted(tracker.counts.items())),
         "failure_reasons": driver.reasons,
         "duration_s": round(time.monotonic() - started, 2),
+    }
+
+
+def _percentiles(ordered: list[float]) -> dict[str, float | None]:
+    if not ordered:
+        return {"p50": None, "p99": None}
+    return {
+        "p50": round(statistics.median(ordered), 2),
+        "p99": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 2),
     }
