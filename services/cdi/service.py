@@ -20,16 +20,26 @@ from tangram.service import ServiceContext
 log = logging.getLogger("tangram.cdi")
 
 
-def follow_subjects(node: str) -> list[tuple[str, str]]:
-    """(stream, subject) pairs whose history and live events resolve this node's claims."""
+def follow_subjects(node: str) -> list[tuple[str, tuple[str, ...]]]:
+    """(stream, subjects) pairs whose history and live events resolve this node's claims."""
     token = subject_token(node)
     return [
-        (INVENTORY_STREAM, f"tangram.inventory.{token}"),
-        (CLAIMS_STREAM, "tangram.claim.allocated.>"),
-        (CLAIMS_STREAM, "tangram.claim.failed.>"),
-        (CLAIMS_STREAM, "tangram.claim.released.>"),
-        (NODES_STREAM, f"tangram.node.{token}.partition.applied"),
-        (NODES_STREAM, f"tangram.node.{token}.partition.failed"),
+        (INVENTORY_STREAM, (f"tangram.inventory.{token}",)),
+        (
+            CLAIMS_STREAM,
+            (
+                "tangram.claim.allocated.>",
+                "tangram.claim.failed.>",
+                "tangram.claim.released.>",
+            ),
+        ),
+        (
+            NODES_STREAM,
+            (
+                f"tangram.node.{token}.partition.applied",
+                f"tangram.node.{token}.partition.failed",
+            ),
+        ),
     ]
 
 
@@ -37,12 +47,12 @@ async def run(ctx: ServiceContext, settings: CdiSettings) -> None:
     source = InMemoryAllocationSource(settings.node_name)
     followers = []
     caught_up = []
-    for stream, subject in follow_subjects(settings.node_name):
+    for stream, subjects in follow_subjects(settings.node_name):
         done = asyncio.Event()
         caught_up.append(done)
         followers.append(
             asyncio.create_task(
-                ctx.bus.follow(stream, subject, source.observe, stop=ctx.stop, caught_up=done)
+                ctx.bus.follow(stream, subjects, source.observe, stop=ctx.stop, caught_up=done)
             )
         )
     try:

@@ -20,15 +20,25 @@ from tangram.service import ServiceContext
 log = logging.getLogger("tangram.partitioner")
 
 
-def follow_subjects(node: str) -> list[tuple[str, str]]:
-    """(stream, subject) pairs whose history and live events the ledger folds."""
+def follow_subjects(node: str) -> list[tuple[str, tuple[str, ...]]]:
+    """(stream, subjects) pairs whose history and live events the ledger folds."""
     token = subject_token(node)
     return [
-        (CLAIMS_STREAM, "tangram.claim.allocated.>"),
-        (CLAIMS_STREAM, "tangram.claim.failed.>"),
-        (CLAIMS_STREAM, "tangram.claim.released.>"),
-        (NODES_STREAM, f"tangram.node.{token}.partition.applied"),
-        (NODES_STREAM, f"tangram.node.{token}.partition.failed"),
+        (
+            CLAIMS_STREAM,
+            (
+                "tangram.claim.allocated.>",
+                "tangram.claim.failed.>",
+                "tangram.claim.released.>",
+            ),
+        ),
+        (
+            NODES_STREAM,
+            (
+                f"tangram.node.{token}.partition.applied",
+                f"tangram.node.{token}.partition.failed",
+            ),
+        ),
     ]
 
 
@@ -66,12 +76,12 @@ async def run(ctx: ServiceContext, settings: PartitionerSettings) -> None:
     tasks: list[asyncio.Task[None]] = []
     try:
         caught_up = []
-        for stream, subject in follow_subjects(node):
+        for stream, subjects in follow_subjects(node):
             done = asyncio.Event()
             caught_up.append(done)
             tasks.append(
                 asyncio.create_task(
-                    ctx.bus.follow(stream, subject, partitioner.observe, stop=ctx.stop, caught_up=done)
+                    ctx.bus.follow(stream, subjects, partitioner.observe, stop=ctx.stop, caught_up=done)
                 )
             )
         await _first(asyncio.gather(*(event.wait() for event in caught_up)), tasks)

@@ -261,3 +261,29 @@ async def test_ensure_streams_leaves_a_matching_stream_alone_and_fixes_a_drifted
     await bus.ensure_streams()
     fixed = await bus.jetstream.stream_info("TANGRAM_CLAIMS")
     assert fixed.config.duplicate_window == 120.0
+
+
+async def test_follow_of_several_subjects_keeps_the_stream_order_between_them(bus: Bus) -> None:
+    published: list[Event] = []
+    for n in range(10):
+        uid = f"uid-{n:04d}"
+        published.append(claim(n))
+        published.append(ClaimFailed(key=uid, namespace="team-a", name=f"claim-{n}", uid=uid, reason="none"))
+    for event in published:
+        await bus.publish(event)
+    seen: list[str] = []
+    stop = asyncio.Event()
+    caught_up = asyncio.Event()
+    task = asyncio.create_task(
+        bus.follow(
+            CLAIMS_STREAM,
+            ["tangram.claim.failed.>", "tangram.claim.requested.>"],
+            lambda e: seen.append(e.event_id),
+            stop=stop,
+            caught_up=caught_up,
+        )
+    )
+    await asyncio.wait_for(caught_up.wait(), 10)
+    stop.set()
+    await task
+    assert seen == [e.event_id for e in published]

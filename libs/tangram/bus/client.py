@@ -335,7 +335,7 @@ class Bus:
     async def follow(
         self,
         stream: str,
-        subject: str,
+        subjects: str | Sequence[str],
         handler: Callable[[Event], None],
         *,
         stop: asyncio.Event,
@@ -344,9 +344,12 @@ class Bus:
         """Deliver a subject's history, then live events, in stream order, until `stop` is set.
 
         For state that a node service rebuilds at every start (an ordered consumer: nothing is
-        acked and nothing is left behind on the server). `caught_up` is set once the history
-        as of the call has been handled. Undecodable messages are logged and skipped.
+        acked and nothing is left behind on the server). Several subjects share one consumer, so
+        their events keep the stream's order between them (a release never overtakes the
+        allocation it releases). `caught_up` is set once the history as of the call has been
+        handled. Undecodable messages are logged and skipped.
         """
+        filters = [subjects] if isinstance(subjects, str) else list(subjects)
         queue: asyncio.Queue[Msg] = asyncio.Queue()
 
         async def deliver(msg: Msg) -> None:
@@ -355,9 +358,14 @@ class Bus:
         info = await self._api(lambda: self._js.stream_info(stream), f"stream info {stream}", retry_s=10)
         sub = await self._api(
             lambda: self._js.subscribe(
-                subject, stream=stream, cb=deliver, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
+                filters[0] if len(filters) == 1 else "",
+                stream=stream,
+                cb=deliver,
+                ordered_consumer=True,
+                deliver_policy=DeliverPolicy.ALL,
+                config=ConsumerConfig(filter_subjects=filters) if len(filters) > 1 else None,
             ),
-            f"follow {subject}",
+            f"follow {', '.join(filters)}",
             retry_s=10,
         )
         try:

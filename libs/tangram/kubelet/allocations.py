@@ -127,6 +127,14 @@ class InMemoryAllocationSource:
             existing = result if result is not None and result.gpu_uuid == gpu.uuid else None
         else:
             existing = _existing_instance(gpu, device)
+            if existing is not None and not _complete(existing):
+                # An inventory read while the layout was changing can miss a MIG device's UUID;
+                # the next read will have it, so wait for it rather than fail the claim.
+                raise _Pending(
+                    f"waiting for the inventory to report the UUID and capability minors of MIG "
+                    f"instance {device.profile} at slices {placement.start}+{placement.size} "
+                    f"of GPU {gpu.uuid}"
+                )
         if existing is None:
             raise _Pending(
                 f"waiting for MIG instance {device.profile} at slices {placement.start}+{placement.size} "
@@ -149,7 +157,7 @@ class InMemoryAllocationSource:
         if device.placement is None:
             return whole_gpu
         instance = self._instance_for(device, gpu)
-        if not instance.mig_uuid or instance.gi_cap_minor < 0 or instance.ci_cap_minor < 0:
+        if not _complete(instance):
             raise AllocationUnavailable(
                 f"MIG instance at slices {instance.placement.start}+{instance.placement.size} "
                 f"of GPU {gpu.uuid} was reported without its UUID or capability device minors"
@@ -161,6 +169,10 @@ class InMemoryAllocationSource:
             gi_cap_minor=instance.gi_cap_minor,
             ci_cap_minor=instance.ci_cap_minor,
         )
+
+
+def _complete(instance: PartitionApplied) -> bool:
+    return bool(instance.mig_uuid) and instance.gi_cap_minor >= 0 and instance.ci_cap_minor >= 0
 
 
 def _existing_instance(gpu: GpuInfo, device: AllocatedDevice) -> PartitionApplied | None:
