@@ -152,6 +152,8 @@ class Partitioner:
         try:
             if command.action == "create":
                 return await self._create(command, slot, started)
+            if command.action == "disable-mig":
+                return await self._disable_mig(command, slot, started)
             return await self._destroy(command, slot, started)
         except PartitionError as exc:
             return results.failed(command, exc, producer=self._producer)
@@ -244,6 +246,31 @@ class Partitioner:
                 gone = None
             await self._maybe_disable_mig(command.gpu_uuid)
             return results.destroyed(command, gone, producer=self._producer, ms=self._ms(started))
+
+    async def _disable_mig(
+        self, command: PartitionRequested, slot: _GpuSlot, started: float
+    ) -> PartitionResult:
+        """A whole-GPU claim landed on a GPU in MIG mode: turn MIG off, touching no instance."""
+        executor = self.executor
+        async with slot.lock:
+            if not await asyncio.to_thread(executor.mig_enabled, command.gpu_uuid):
+                return results.mig_disabled(command, producer=self._producer, ms=self._ms(started))
+            if await asyncio.to_thread(executor.needs_reset, command.gpu_uuid):
+                raise PartitionError(
+                    f"GPU {command.gpu_uuid} needs a GPU reset to leave MIG mode",
+                    nvml_error=nvml_error_name(pynvml.NVML_ERROR_RESET_REQUIRED),
+                )
+            left = await asyncio.to_thread(executor.observe, command.gpu_uuid)
+            if left:
+                held = ", ".join(
+                    f"{o.profile} at slices {o.placement.start}+{o.placement.size}" for o in left
+                )
+                raise PartitionError(
+                    f"GPU {command.gpu_uuid} still has MIG instances ({held}); MIG mode stays on",
+                    nvml_error=nvml_error_name(pynvml.NVML_ERROR_IN_USE),
+                )
+            await asyncio.to_thread(executor.disable_mig, command.gpu_uuid)
+            return results.mig_disabled(command, producer=self._producer, ms=self._ms(started))
 
     async def _wait_for_release(self, key: InstanceKey) -> str | None:
         """The live claim holding the instance; a release on its way through the log is waited for."""

@@ -82,6 +82,24 @@ def destroyed(
     )
 
 
+def mig_disabled(command: PartitionRequested, *, producer: str, ms: float) -> PartitionApplied:
+    """MIG mode is off on the command's GPU (it may have been already)."""
+    return PartitionApplied(
+        key=subject_token(command.node),
+        event_id=result_id(command.command_id),
+        producer=producer,
+        command_id=command.command_id,
+        node=command.node,
+        action="disable-mig",
+        gpu_uuid=command.gpu_uuid,
+        gpu_index=command.gpu_index,
+        profile=command.profile,
+        placement=command.placement,
+        claim_uid=command.claim_uid,
+        duration_ms=ms,
+    )
+
+
 def failed(command: PartitionRequested, error: PartitionError, *, producer: str) -> PartitionFailed:
     return PartitionFailed(
         key=subject_token(command.node),

@@ -14,6 +14,7 @@ from tangram.events import (
     ClaimReleased,
     Event,
     MigPlacement,
+    NodeInventory,
     PartitionFailed,
     PartitionRequested,
 )
@@ -210,3 +211,50 @@ def test_replaying_a_release_emits_nothing_and_frees_the_devices() -> None:
     [again] = book.apply(request(2, gpus(8)))
     assert isinstance(again, ClaimAllocated)
     assert sorted(d.device for d in again.devices) == [f"gpu-{i}" for i in range(8)]
+
+
+def hgx_with_gpu0_in_mig_mode_and_empty() -> NodeInventory:
+    node = inventory("hgx-h200", "n1")
+    emptied = [msgspec.structs.replace(g, mig_instances=[]) for g in node.hardware.gpus]
+    return msgspec.structs.replace(node, hardware=msgspec.structs.replace(node.hardware, gpus=emptied))
+
+
+def test_whole_gpu_in_mig_mode_gets_a_disable_mig_command_that_the_allocation_names() -> None:
+    book = ledger()
+    book.apply(hgx_with_gpu0_in_mig_mode_and_empty(), live=False)
+    command, allocated = book.apply(request(1, gpus(8)))
+    assert isinstance(command, PartitionRequested) and isinstance(allocated, ClaimAllocated)
+    assert (command.action, command.gpu_index, command.placement) == (
+        "disable-mig",
+        0,
+        MigPlacement(start=0, size=8),
+    )
+    by_gpu = {d.gpu_index: d.partition_command for d in allocated.devices}
+    assert by_gpu[0] == command.command_id
+    assert [by_gpu[i] for i in range(1, 8)] == [""] * 7
+    assert allocated.partitions == [command.command_id]
+
+
+def test_whole_gpu_claim_fails_with_a_reason_when_mig_mode_cannot_be_left() -> None:
+    book = ledger()
+    book.apply(hgx_with_gpu0_in_mig_mode_and_empty(), live=False)
+    command, _ = book.apply(request(1, gpus(8)))
+    assert isinstance(command, PartitionRequested)
+    failure = PartitionFailed(
+        key="n1",
+        command_id=command.command_id,
+        node="n1",
+        action="disable-mig",
+        gpu_uuid=command.gpu_uuid,
+        profile="",
+        placement=command.placement,
+        claim_uid=command.claim_uid,
+        nvml_error="NVML_ERROR_IN_USE",
+        reason="processes are running",
+    )
+    [failed] = book.apply(failure)
+    assert isinstance(failed, ClaimFailed)
+    assert failed.reason == (
+        f"GPU {command.gpu_uuid} of node n1 could not leave MIG mode for a whole-GPU claim: "
+        "processes are running"
+    )

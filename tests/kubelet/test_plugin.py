@@ -6,7 +6,9 @@ import asyncio
 import json
 import stat
 
-from tangram.events import ClaimPrepared, ClaimUnprepared
+import msgspec
+
+from tangram.events import ClaimPrepared, ClaimUnprepared, MigPlacement, PartitionApplied
 from tangram.kubelet import InMemoryAllocationSource
 from tests.kubelet.conftest import PluginHarness
 from tests.kubelet.fakes import (
@@ -221,3 +223,28 @@ async def test_v1beta1_service_prepares_like_v1(harness: PluginHarness) -> None:
     assert await harness.kubelet.unprepare(
         harness.endpoint, [("default", "train", UID_B)], version="v1beta1"
     ) == {UID_B: ""}
+
+
+async def test_whole_gpu_still_in_mig_mode_waits_until_mig_is_off(harness: PluginHarness) -> None:
+    allocation = whole_gpu_allocation(UID_A, gpu=1)
+    device = msgspec.structs.replace(allocation.devices[0], partition_command="off-1")
+    harness.source.observe(msgspec.structs.replace(allocation, devices=[device], partitions=["off-1"]))
+    call = asyncio.create_task(harness.kubelet.prepare(harness.endpoint, [("default", "train", UID_A)]))
+    await asyncio.sleep(0.05)
+    assert not call.done()  # MIG mode still on: the call waits for the partitioner
+    harness.source.observe(
+        PartitionApplied(
+            key=NODE,
+            command_id="off-1",
+            node=NODE,
+            action="disable-mig",
+            gpu_uuid=GPU1,
+            gpu_index=1,
+            profile="",
+            placement=MigPlacement(start=0, size=8),
+            claim_uid=UID_A,
+        )
+    )
+    answers = await call
+    assert answers[UID_A].error == ""
+    assert answers[UID_A].devices == [(["gpu"], NODE, "gpu-1", [f"gpu.tangram.dev/claim={UID_A}-gpu-1"])]

@@ -257,3 +257,37 @@ def _allocated(uid: str, nvml: object, gpu: int, *, start: int | None, size: int
         placement=None if start is None else MigPlacement(start=start, size=size),
     )
     return ClaimAllocated(key=uid, namespace="ns", name=uid, uid=uid, node=NODE, devices=[device])
+
+
+async def test_disable_mig_turns_mig_off_on_an_empty_gpu_and_is_idempotent() -> None:
+    nvml = sim("hgx-h200")
+    executor = MigExecutor(nvml, minors=MINORS)
+    made = executor.create(3, 19, MigPlacement(start=0, size=1))  # MIG on for GPU 3 ...
+    executor.destroy(3, placement=made.placement)  # ... and empty again
+    collected = Collected()
+    p = partitioner(nvml, collected)
+    off = command("off-1", nvml, action="disable-mig", gpu=3, profile="", profile_id=-1, start=0, size=8)
+    await p.handle(off)
+    await p.handle(
+        command("off-2", nvml, action="disable-mig", gpu=3, profile="", profile_id=-1, start=0, size=8)
+    )
+    first, second = _results(collected)
+    assert isinstance(first, PartitionApplied) and isinstance(second, PartitionApplied)
+    assert (first.action, first.command_id, second.command_id) == ("disable-mig", "off-1", "off-2")
+    assert executor.mig_enabled(3) is False
+
+
+async def test_disable_mig_refuses_while_instances_remain_and_touches_none() -> None:
+    nvml = sim("hgx-h200")  # GPU 0: 3g.71gb at 0, 1g.18gb at 4
+    executor = MigExecutor(nvml, minors=MINORS)
+    before = [o.mig_uuid for o in executor.observe(0)]
+    collected = Collected()
+    await partitioner(nvml, collected).handle(
+        command("off-0", nvml, action="disable-mig", gpu=0, profile="", profile_id=-1, start=0, size=8)
+    )
+    [failed] = _results(collected)
+    assert isinstance(failed, PartitionFailed)
+    assert failed.nvml_error == "NVML_ERROR_IN_USE"
+    assert "still has MIG instances (3g.71gb at slices 0+4, 1g.18gb at slices 4+1)" in failed.reason
+    assert executor.mig_enabled(0) is True
+    assert [o.mig_uuid for o in executor.observe(0)] == before

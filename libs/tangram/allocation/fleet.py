@@ -33,7 +33,7 @@ from tangram.allocation.solver import Solution, solve
 from tangram.allocation.spec import DeviceClass, parse_claim_spec
 from tangram.allocation.templates import DeviceTemplates
 from tangram.events.catalogue import AllocatedDevice
-from tangram.events.inventory import NodeHardware
+from tangram.events.inventory import MigPlacement, NodeHardware
 
 TANGRAM_NODES_COMPARED = 16  # feasible nodes Tangram compares when none has the ideal GPU set
 _FILTERED = "not enough free GPUs or MIG slices"
@@ -336,6 +336,8 @@ class FleetState:
                 if alt.admin:
                     continue
                 taken.append(d)
+                if device.placement is None and node.mig_enabled(device.gpu_index):
+                    partitions.append(_disable_mig_plan(node, device.gpu_index, device.gpu_uuid))
                 if (
                     device.placement is not None
                     and device.profile is not None
@@ -447,3 +449,16 @@ def _remove(names: list[str], name: str) -> None:
     position = bisect_left(names, name)
     if position < len(names) and names[position] == name:
         del names[position]
+
+
+def _disable_mig_plan(node: NodeState, gpu_index: int, gpu_uuid: str) -> PartitionPlan:
+    """A whole GPU handed out while still in MIG mode: the partitioner turns MIG off first."""
+    slices = max(node.memory_slices(gpu_index), 1)
+    return PartitionPlan(
+        gpu_index=gpu_index,
+        gpu_uuid=gpu_uuid,
+        profile="",
+        profile_id=-1,
+        placement=MigPlacement(start=0, size=slices),
+        action="disable-mig",
+    )

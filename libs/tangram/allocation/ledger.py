@@ -76,7 +76,7 @@ class Ledger:
                         self.fleet.release_replayed(uid)
                         return []
                     return self._release(uid)
-            case PartitionFailed(action="create", command_id=command_id):
+            case PartitionFailed(action="create" | "disable-mig", command_id=command_id):
                 uid = self.commands.get(command_id, event.claim_uid)
                 if self.decided.get(uid) == "allocated" and uid not in self.released:
                     return self._fail_after_partition(uid, event)
@@ -103,11 +103,15 @@ class Ledger:
                 )
             ]
         self.decided[request.uid] = "allocated"
-        commands = [self._command(request.uid, decision.node, plan, "create") for plan in decision.partitions]
+        commands = [
+            self._command(request.uid, decision.node, plan, plan.action) for plan in decision.partitions
+        ]
         by_slot: dict[tuple[int, MigPlacement | None], str] = {}
         for command in commands:
             self.commands[command.command_id] = request.uid
-            by_slot[(command.gpu_index, command.placement)] = command.command_id
+            # A whole GPU's device has no placement: its disable-mig command is found by GPU alone.
+            slot = None if command.action == "disable-mig" else command.placement
+            by_slot[(command.gpu_index, slot)] = command.command_id
         devices = [
             msgspec.structs.replace(d, partition_command=by_slot[(d.gpu_index, d.placement)])
             if (d.gpu_index, d.placement) in by_slot
@@ -137,7 +141,11 @@ class Ledger:
             producer=self.producer,
             command_id=command_id,
             node=node,
-            action="create" if action == "create" else "destroy",
+            action="create"
+            if action == "create"
+            else "disable-mig"
+            if action == "disable-mig"
+            else "destroy",
             gpu_uuid=plan.gpu_uuid,
             gpu_index=plan.gpu_index,
             profile=plan.profile,
@@ -189,10 +197,19 @@ class Ledger:
                 namespace=namespace,
                 name=name,
                 uid=uid,
-                reason=(
-                    f"MIG instance {failure.profile} at slices {failure.placement.start}.."
-                    f"{failure.placement.start + failure.placement.size - 1} on GPU {failure.gpu_uuid} "
-                    f"of node {failure.node} could not be created: {failure.reason}"
-                ),
+                reason=_partition_failure_reason(failure),
             ),
         ]
+
+
+def _partition_failure_reason(failure: PartitionFailed) -> str:
+    if failure.action == "disable-mig":
+        return (
+            f"GPU {failure.gpu_uuid} of node {failure.node} could not leave MIG mode for a whole-GPU "
+            f"claim: {failure.reason}"
+        )
+    last = failure.placement.start + failure.placement.size - 1
+    return (
+        f"MIG instance {failure.profile} at slices {failure.placement.start}..{last} on GPU "
+        f"{failure.gpu_uuid} of node {failure.node} could not be created: {failure.reason}"
+    )

@@ -35,6 +35,7 @@ class PartitionPlan(msgspec.Struct, frozen=True, kw_only=True):
     profile_id: int
     placement: MigPlacement
     mig_uuid: str = ""  # destroy: the existing instance, when known
+    action: Literal["create", "disable-mig"] = "create"  # disable-mig: a whole GPU still in MIG mode
 
 
 class Allocated(msgspec.Struct, frozen=True, kw_only=True, tag="allocated"):

@@ -112,6 +112,12 @@ class NodeState:
             self._settle()
         return self._whole_free
 
+    def mig_enabled(self, gpu_index: int) -> bool:
+        return any(g.index == gpu_index and g.mig_enabled for g in self.hw.gpus)
+
+    def memory_slices(self, gpu_index: int) -> int:
+        return next((g.memory_slices for g in self.hw.gpus if g.index == gpu_index), 0)
+
     def instance_for(self, device: DeviceShape) -> ExistingInstance | None:
         """The live MIG instance at exactly this placement, if there is one not being destroyed."""
         for inst in self.existing.get(device.gpu_index, ()):

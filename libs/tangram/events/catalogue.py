@@ -85,7 +85,10 @@ class ClaimReleased(Event, tag="claim.released", frozen=True, kw_only=True):
     uid: str
 
 
-PartitionAction = Literal["create", "destroy"]
+# create/destroy: one MIG GPU instance (and its compute instance) at a placement. disable-mig: turn
+# MIG mode off on a GPU with no instances left, so that a whole-GPU claim can use it (Hopper and
+# newer; the command's profile is "" and its placement spans the GPU).
+PartitionAction = Literal["create", "destroy", "disable-mig"]
 
 
 class PartitionRequested(Event, tag="partition.requested", frozen=True, kw_only=True):

@@ -70,9 +70,9 @@ class InMemoryAllocationSource:
                 self._claim_failures.pop(uid, None)
                 for command_id in released.partitions if released is not None else []:
                     self._created.pop(command_id, None)
-            case PartitionApplied(node=node, action="create") if node == self.node:
+            case PartitionApplied(node=node, action="create" | "disable-mig") if node == self.node:
                 self._created[event.command_id] = event
-            case PartitionFailed(node=node) if node == self.node and event.action == "create":
+            case PartitionFailed(node=node) if node == self.node and event.action != "destroy":
                 self._partition_failures[event.command_id] = event
             case _:
                 return
@@ -105,11 +105,13 @@ class InMemoryAllocationSource:
         for failure in self._partition_failures.values():
             if failure.command_id in allocation.partitions or failure.claim_uid == claim.uid:
                 detail = f" ({failure.nvml_error})" if failure.nvml_error else ""
-                raise AllocationUnavailable(
-                    f"MIG instance {failure.profile} at slices {failure.placement.start}"
-                    f"+{failure.placement.size} of GPU {failure.gpu_uuid} could not be created: "
-                    f"{failure.reason}{detail}"
+                what = (
+                    f"GPU {failure.gpu_uuid} could not leave MIG mode"
+                    if failure.action == "disable-mig"
+                    else f"MIG instance {failure.profile} at slices {failure.placement.start}"
+                    f"+{failure.placement.size} of GPU {failure.gpu_uuid} could not be created"
                 )
+                raise AllocationUnavailable(f"{what}: {failure.reason}{detail}")
         return ResolvedAllocation(
             claim=claim, devices=[self._resolve_device(device) for device in allocation.devices]
         )
@@ -155,6 +157,8 @@ class InMemoryAllocationSource:
             gpu_minor=gpu.minor,
         )
         if device.placement is None:
+            if device.partition_command and device.partition_command not in self._created:
+                raise _Pending(f"waiting for GPU {gpu.uuid} to leave MIG mode for a whole-GPU claim")
             return whole_gpu
         instance = self._instance_for(device, gpu)
         if not _complete(instance):

@@ -45,7 +45,7 @@ class PartitionLedger:
                     self._warm.pop(key, None)
                 elif kept_warm(event):
                     self._warm[key] = event
-                else:
+                elif event.action == "destroy":
                     self._created.pop(key, None)
                     self._warm.pop(key, None)
             case PartitionFailed(node=node) if node == self.node:
