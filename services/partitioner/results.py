@@ -3,6 +3,8 @@ publish after a crash is de-duplicated instead of stored as a second, different 
 
 from __future__ import annotations
 
+from typing import Any
+
 from tangram.events import PartitionApplied, PartitionFailed, PartitionRequested, subject_token
 from tangram.partitioning import CreatedInstance, DestroyedInstance, PartitionError
 
@@ -11,27 +13,37 @@ def result_id(command_id: str) -> str:
     return f"{command_id}-result"
 
 
+def _answering(command: PartitionRequested, producer: str) -> dict[str, Any]:
+    """What every result of a command repeats from it."""
+    return {
+        "key": subject_token(command.node),
+        "event_id": result_id(command.command_id),
+        "producer": producer,
+        "command_id": command.command_id,
+        "node": command.node,
+        "claim_uid": command.claim_uid,
+    }
+
+
+def _instance(instance: CreatedInstance) -> dict[str, Any]:
+    return {
+        "gpu_uuid": instance.gpu_uuid,
+        "gpu_index": instance.gpu_index,
+        "profile": instance.profile,
+        "placement": instance.placement,
+        "mig_uuid": instance.mig_uuid,
+        "gpu_instance_id": instance.gpu_instance_id,
+        "compute_instance_id": instance.compute_instance_id,
+        "gi_cap_minor": instance.gi_cap_minor,
+        "ci_cap_minor": instance.ci_cap_minor,
+    }
+
+
 def created(
     command: PartitionRequested, made: CreatedInstance, *, producer: str, ms: float
 ) -> PartitionApplied:
     return PartitionApplied(
-        key=subject_token(command.node),
-        event_id=result_id(command.command_id),
-        producer=producer,
-        command_id=command.command_id,
-        node=command.node,
-        action="create",
-        gpu_uuid=made.gpu_uuid,
-        gpu_index=made.gpu_index,
-        profile=made.profile,
-        placement=made.placement,
-        claim_uid=command.claim_uid,
-        mig_uuid=made.mig_uuid,
-        gpu_instance_id=made.gpu_instance_id,
-        compute_instance_id=made.compute_instance_id,
-        gi_cap_minor=made.gi_cap_minor,
-        ci_cap_minor=made.ci_cap_minor,
-        duration_ms=ms,
+        **_answering(command, producer), **_instance(made), action="create", duration_ms=ms
     )
 
 
@@ -40,22 +52,9 @@ def kept(
 ) -> PartitionApplied:
     """A destroy answered by keeping the instance warm; its ids stay filled in."""
     return PartitionApplied(
-        key=subject_token(command.node),
-        event_id=result_id(command.command_id),
-        producer=producer,
-        command_id=command.command_id,
-        node=command.node,
+        **_answering(command, producer),
+        **_instance(instance),
         action="destroy",
-        gpu_uuid=instance.gpu_uuid,
-        gpu_index=instance.gpu_index,
-        profile=instance.profile,
-        placement=instance.placement,
-        claim_uid=command.claim_uid,
-        mig_uuid=instance.mig_uuid,
-        gpu_instance_id=instance.gpu_instance_id,
-        compute_instance_id=instance.compute_instance_id,
-        gi_cap_minor=instance.gi_cap_minor,
-        ci_cap_minor=instance.ci_cap_minor,
         duration_ms=ms,
         kept_warm=True,
     )
@@ -66,17 +65,12 @@ def destroyed(
 ) -> PartitionApplied:
     """The instance is gone (`gone` is None when it already was): ids are -1."""
     return PartitionApplied(
-        key=subject_token(command.node),
-        event_id=result_id(command.command_id),
-        producer=producer,
-        command_id=command.command_id,
-        node=command.node,
+        **_answering(command, producer),
         action="destroy",
         gpu_uuid=command.gpu_uuid,
         gpu_index=gone.gpu_index if gone else command.gpu_index,
         profile=gone.profile if gone else command.profile,
         placement=command.placement,
-        claim_uid=command.claim_uid,
         mig_uuid=gone.mig_uuid if gone else command.mig_uuid,
         duration_ms=ms,
     )
@@ -85,33 +79,23 @@ def destroyed(
 def mig_disabled(command: PartitionRequested, *, producer: str, ms: float) -> PartitionApplied:
     """MIG mode is off on the command's GPU (it may have been already)."""
     return PartitionApplied(
-        key=subject_token(command.node),
-        event_id=result_id(command.command_id),
-        producer=producer,
-        command_id=command.command_id,
-        node=command.node,
+        **_answering(command, producer),
         action="disable-mig",
         gpu_uuid=command.gpu_uuid,
         gpu_index=command.gpu_index,
         profile=command.profile,
         placement=command.placement,
-        claim_uid=command.claim_uid,
         duration_ms=ms,
     )
 
 
 def failed(command: PartitionRequested, error: PartitionError, *, producer: str) -> PartitionFailed:
     return PartitionFailed(
-        key=subject_token(command.node),
-        event_id=result_id(command.command_id),
-        producer=producer,
-        command_id=command.command_id,
-        node=command.node,
+        **_answering(command, producer),
         action=command.action,
         gpu_uuid=command.gpu_uuid,
         profile=command.profile,
         placement=command.placement,
-        claim_uid=command.claim_uid,
         nvml_error=error.nvml_error,
         reason=error.reason,
     )
