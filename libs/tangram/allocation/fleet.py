@@ -32,6 +32,7 @@ from tangram.allocation.shape import NodeShape, shape_signature
 from tangram.allocation.solver import Solution, solve
 from tangram.allocation.spec import DeviceClass, parse_claim_spec
 from tangram.allocation.templates import DeviceTemplates
+from tangram.dra.model import Device
 from tangram.events.catalogue import AllocatedDevice
 from tangram.events.inventory import MigPlacement, NodeHardware
 
@@ -154,16 +155,7 @@ class FleetState:
                     inst = node.instance_for(node.shape.devices[node.shape.index_by_name[device.device]])
                     mig_uuid = inst.uuid if inst is not None else ""
                     node.mark_destroying(device.gpu_index, device.profile_id, device.placement.start)
-                destroy.append(
-                    PartitionPlan(
-                        gpu_index=device.gpu_index,
-                        gpu_uuid=device.gpu_uuid,
-                        profile=device.profile,
-                        profile_id=device.profile_id,
-                        placement=device.placement,
-                        mig_uuid=mig_uuid,
-                    )
-                )
+                destroy.append(_mig_plan(device, mig_uuid=mig_uuid))
         if node is not None:
             self._unindexed.discard(node.name)
             self._reindex(node)
@@ -344,15 +336,7 @@ class FleetState:
                     and device.profile_id is not None
                     and node.instance_for(shape.devices[d]) is None
                 ):
-                    partitions.append(
-                        PartitionPlan(
-                            gpu_index=device.gpu_index,
-                            gpu_uuid=device.gpu_uuid,
-                            profile=device.profile,
-                            profile_id=device.profile_id,
-                            placement=device.placement,
-                        )
-                    )
+                    partitions.append(_mig_plan(device))
         decision = Allocated(
             claim_uid=claim.uid,
             node=node.name,
@@ -449,6 +433,19 @@ def _remove(names: list[str], name: str) -> None:
     position = bisect_left(names, name)
     if position < len(names) and names[position] == name:
         del names[position]
+
+
+def _mig_plan(device: Device | AllocatedDevice, *, mig_uuid: str = "") -> PartitionPlan:
+    """The MIG instance a device stands for: to create when allocated, to destroy when released."""
+    assert device.profile is not None and device.profile_id is not None and device.placement is not None
+    return PartitionPlan(
+        gpu_index=device.gpu_index,
+        gpu_uuid=device.gpu_uuid,
+        profile=device.profile,
+        profile_id=device.profile_id,
+        placement=device.placement,
+        mig_uuid=mig_uuid,
+    )
 
 
 def _disable_mig_plan(node: NodeState, gpu_index: int, gpu_uuid: str) -> PartitionPlan:
