@@ -10,7 +10,7 @@ from typing import Any
 from services.partitioner.partitioner import Partitioner
 from services.partitioner.settings import PartitionerSettings
 from tangram.bus import partitioner_consumer
-from tangram.events import CLAIMS_STREAM, NODES_STREAM, Event, NodeHardware, subject_token
+from tangram.events import CLAIMS_STREAM, NODES_STREAM, Event, NodeHardware, PartitionRequested, subject_token
 from tangram.nvml import NvmlBackend, open_backend
 from tangram.nvml.inventory import read_node_hardware
 from tangram.nvml.migminors import load_mig_minors
@@ -40,6 +40,11 @@ def follow_subjects(node: str) -> list[tuple[str, tuple[str, ...]]]:
             ),
         ),
     ]
+
+
+def _gpu_of(event: Event) -> str:
+    """Commands for one GPU run in log order; commands for different GPUs run side by side."""
+    return event.gpu_uuid if isinstance(event, PartitionRequested) else ""
 
 
 def open_nvml(settings: PartitionerSettings) -> NvmlBackend:
@@ -91,17 +96,22 @@ async def run(ctx: ServiceContext, settings: PartitionerSettings) -> None:
             extra={"findings": {f.kind: sum(g.kind == f.kind for g in findings) for f in findings}},
         )
         tasks.append(asyncio.create_task(partitioner.inventory_loop(ctx.stop)))
-        spec = partitioner_consumer(node)
-        for _ in range(settings.workers):
-            bound = asyncio.Event()
-            tasks.append(
-                asyncio.create_task(
-                    ctx.bus.consume(spec, partitioner.handle, stop=ctx.stop, batch=1, ready=bound)
+        bound = asyncio.Event()
+        tasks.append(
+            asyncio.create_task(
+                ctx.bus.consume(
+                    partitioner_consumer(node),
+                    partitioner.handle,
+                    stop=ctx.stop,
+                    ready=bound,
+                    order_by=_gpu_of,
+                    concurrency=settings.workers,
                 )
             )
-            await _first(bound.wait(), tasks)
+        )
+        await _first(bound.wait(), tasks)
         ctx.ready.set()
-        log.info("partitioner ready", extra={"workers": settings.workers})
+        log.info("partitioner ready", extra={"parallel_gpus": settings.workers})
         await _first(ctx.stop.wait(), tasks)
     finally:
         ctx.stop.set()

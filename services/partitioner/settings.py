@@ -20,9 +20,9 @@ class PartitionerSettings(NodeSettings):
     mig_minors_file: Path | None = None  # default: the driver's file, or the simulator's table
     clean_orphans: CleanMode = "empty"
     warm_pool: dict[str, int] = Field(default_factory=dict)
-    # Commands worked on at once. One keeps commands in log order: a create and the destroy that
-    # follows it for the same placement can never swap. More trades that order for throughput.
-    workers: int = Field(default=1, ge=1, le=64)
+    # GPUs reconfigured at once. Commands for one GPU always run in log order, so a create and the
+    # destroy after it for the same placement never swap.
+    workers: int = Field(default=4, ge=1, le=64)
     claim_release_wait_s: float = Field(default=2.0, ge=0, le=60)
 
     @field_validator("warm_pool", mode="before")
@@ -71,7 +71,7 @@ def parse_settings(argv: list[str] | None = None) -> PartitionerSettings:
         default=env("TANGRAM_WARM_POOL", ""),
         help='freed instances kept per profile instead of destroyed, e.g. "1g.18gb=2,3g.71gb=1"',
     )
-    parser.add_argument("--workers", type=int, default=int(env("TANGRAM_PARTITION_WORKERS", "1")))
+    parser.add_argument("--workers", type=int, default=int(env("TANGRAM_PARTITION_WORKERS", "4")))
     args = parser.parse_args(argv)
     if args.sim is not None and args.real:
         parser.error("choose one of --sim and --real")

@@ -287,3 +287,48 @@ async def test_follow_of_several_subjects_keeps_the_stream_order_between_them(bu
     stop.set()
     await task
     assert seen == [e.event_id for e in published]
+
+
+async def test_keyed_consumer_keeps_order_per_key_and_runs_keys_concurrently(bus: Bus) -> None:
+    # Claims 0-2 share key "a", 3-4 key "b" (the key is the claim's namespace).
+    for n in range(5):
+        uid = f"uid-{n:04d}"
+        namespace = "a" if n < 3 else "b"
+        await bus.publish(ClaimRequested(key=uid, namespace=namespace, name=f"c{n}", uid=uid, spec={}))
+    b_started = asyncio.Event()
+    started: list[str] = []
+    finished: list[str] = []
+
+    async def handler(event: Event) -> None:
+        assert isinstance(event, ClaimRequested)
+        started.append(event.name)
+        if event.name == "c3":
+            b_started.set()
+        if event.name == "c0":
+            # Key "a" waits here until key "b" has started: only possible if keys run concurrently.
+            await asyncio.wait_for(b_started.wait(), 10)
+        finished.append(event.name)
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        bus.consume(
+            CLAIMS_CONSUMER,
+            handler,
+            stop=stop,
+            order_by=lambda e: e.namespace,
+            concurrency=2,  # type: ignore[attr-defined]
+        )
+    )
+    try:
+        await asyncio.wait_for(_until(lambda: len(finished) == 5), 20)
+    finally:
+        stop.set()
+        await task
+    assert [n for n in finished if n in ("c0", "c1", "c2")] == ["c0", "c1", "c2"]
+    assert [n for n in finished if n in ("c3", "c4")] == ["c3", "c4"]
+    assert started.index("c3") < finished.index("c0")
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(0.02)

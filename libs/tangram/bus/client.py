@@ -7,7 +7,7 @@ import contextlib
 import logging
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -408,12 +408,18 @@ class Bus:
         stop: asyncio.Event,
         batch: int = 64,
         ready: asyncio.Event | None = None,
+        order_by: Callable[[Event], str] | None = None,
+        concurrency: int = 1,
     ) -> None:
         """Run a durable pull consumer until `stop` is set.
 
         The handler's outcome decides the message's fate: return -> ack; Retry or any other
         exception -> nak with backoff, until max_deliver, then dead letter; Poison or undecodable
         bytes -> dead letter and terminate. The consumer never stops on a bad message.
+
+        Messages are handled one at a time in stream order, unless `order_by` names a key: then
+        messages with the same key keep their order and different keys run concurrently, at most
+        `concurrency` at once (a partitioner reconfigures GPUs in parallel, each GPU in order).
         """
         await self.ensure_consumer(spec)
         sub = await self._api(
@@ -425,8 +431,10 @@ class Bus:
             ready.set()
         watch = _SlowWatch(interval_s=max(spec.ack_wait_s / 3, 0.5))
         heartbeat = asyncio.create_task(watch.run())
+        lanes = _Lanes(concurrency)
         try:
             while not stop.is_set():
+                lanes.raise_failure()
                 try:
                     msgs = await sub.fetch(batch, timeout=0.5)
                 except (nats.errors.TimeoutError, TimeoutError):
@@ -436,22 +444,36 @@ class Bus:
                     await _sleep_or_stop(stop, 0.5)
                     continue
                 for msg in msgs:
-                    await self._handle(spec, msg, handler, watch)
+                    event = await self._decoded(spec, msg)
+                    if event is None:
+                        continue
+                    work = self._handle(spec, msg, event, handler, watch)
+                    if order_by is None:
+                        await work
+                    else:
+                        await lanes.submit(_lane_key(order_by, event), work)
+            await lanes.drain()
         finally:
+            lanes.cancel()
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
-    async def _handle(self, spec: ConsumerSpec, msg: Msg, handler: Handler, watch: _SlowWatch) -> None:
+    async def _decoded(self, spec: ConsumerSpec, msg: Msg) -> Event | None:
+        """The message's event, or None once undecodable bytes are in the dead letter."""
         try:
-            event = decode(msg.data)
+            return decode(msg.data)
         except EventDecodeError as exc:
             await self._dead_letter(spec, msg, f"undecodable event: {exc}")
-            return
+            return None
+
+    async def _handle(
+        self, spec: ConsumerSpec, msg: Msg, event: Event, handler: Handler, watch: _SlowWatch
+    ) -> None:
         started = time.perf_counter()
-        watch.current = (msg, started)
+        watch.begin(msg, started)
         try:
             await handler(event)
         except Poison as exc:
@@ -477,7 +499,7 @@ class Bus:
             with contextlib.suppress(nats.errors.Error):
                 await msg.ack()
         finally:
-            watch.current = None
+            watch.end(msg)
             HANDLE_SECONDS.labels(spec.durable).observe(time.perf_counter() - started)
 
     async def _dead_letter(self, spec: ConsumerSpec, msg: Msg, reason: str) -> None:
@@ -539,15 +561,82 @@ class _SlowWatch:
 
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
-        self.current: tuple[Msg, float] | None = None
+        self._working: dict[int, tuple[Msg, float]] = {}
+
+    def begin(self, msg: Msg, started: float) -> None:
+        self._working[id(msg)] = (msg, started)
+
+    def end(self, msg: Msg) -> None:
+        self._working.pop(id(msg), None)
 
     async def run(self) -> None:
         while True:
             await asyncio.sleep(self.interval_s)
-            current = self.current
-            if current is not None and time.perf_counter() - current[1] >= self.interval_s:
-                with contextlib.suppress(nats.errors.Error):
-                    await current[0].in_progress()
+            now = time.perf_counter()
+            for msg, started in list(self._working.values()):
+                if now - started >= self.interval_s:
+                    with contextlib.suppress(nats.errors.Error):
+                        await msg.in_progress()
+
+
+def _lane_key(order_by: Callable[[Event], str], event: Event) -> str:
+    try:
+        return order_by(event)
+    except Exception:
+        # An event the key function cannot read goes to a lane of its own; its handler judges it.
+        return ""
+
+
+class _Lanes:
+    """Work in order per key and concurrently across keys: at most `limit` pieces run at once.
+
+    A piece waiting for an earlier one of its key holds no running slot, so one busy key never
+    stalls the others; how many may wait is bounded so that fetching pauses under a backlog.
+    """
+
+    QUEUED_PER_SLOT = 16
+
+    def __init__(self, limit: int) -> None:
+        self._running_slots = asyncio.Semaphore(max(limit, 1))
+        self._queued_slots = asyncio.Semaphore(max(limit, 1) * self.QUEUED_PER_SLOT)
+        self._tails: dict[str, asyncio.Task[None]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._failure: BaseException | None = None
+
+    async def submit(self, key: str, work: Coroutine[Any, Any, None]) -> None:
+        await self._queued_slots.acquire()
+        task = asyncio.create_task(self._after(self._tails.get(key), work))
+        self._tails[key] = task
+        self._tasks.add(task)
+        task.add_done_callback(lambda done: self._finished(key, done))
+
+    async def _after(self, previous: asyncio.Task[None] | None, work: Coroutine[Any, Any, None]) -> None:
+        if previous is not None:
+            await asyncio.wait({previous})
+        async with self._running_slots:
+            await work
+
+    def _finished(self, key: str, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._queued_slots.release()
+        if self._tails.get(key) is task:
+            del self._tails[key]
+        if not task.cancelled() and task.exception() is not None and self._failure is None:
+            self._failure = task.exception()
+
+    def raise_failure(self) -> None:
+        """A failure of the bus itself (a dead letter that could not be published) is fatal."""
+        if self._failure is not None:
+            raise self._failure
+
+    def cancel(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+
+    async def drain(self) -> None:
+        if self._tasks:
+            await asyncio.wait(set(self._tasks))
+        self.raise_failure()
 
 
 def _count_ack(event: Event, ack: PubAck) -> None:
