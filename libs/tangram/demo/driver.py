@@ -19,6 +19,7 @@ from tangram.demo.cluster import LocalCluster
 from tangram.demo.display import describe
 from tangram.demo.scenario import DemoClaim, churn, opening
 from tangram.events import (
+    INVENTORY_STREAM,
     ClaimAllocated,
     ClaimFailed,
     ClaimReleased,
@@ -151,19 +152,32 @@ class Driver:
         self.outcomes["released"] += 1
 
 
-async def _wait_for_cluster(cluster: LocalCluster, tracker: Tracker, timeout_s: float = 60.0) -> None:
+async def _wait_for_cluster(
+    cluster: LocalCluster, bus: Bus, tracker: Tracker, timeout_s: float = 60.0
+) -> None:
+    """Every node's inventory is stored and every node's kubelet plugin is listening.
+
+    Inventories are read from the stream (last value per node), not only from what the tracker
+    saw: a node may have published before the tracker subscribed.
+    """
     deadline = time.monotonic() + timeout_s
     while True:
         dead = cluster.dead()
         if dead:
             raise RuntimeError("a service died at start: " + "; ".join(dead))
-        nodes_seen = all(node.name in tracker.inventories for node in cluster.nodes)
-        sockets = all(cluster.dra_socket(node.name).exists() for node in cluster.nodes)
-        if nodes_seen and sockets:
+        async for _, event in bus.replay(INVENTORY_STREAM):
+            if isinstance(event, NodeInventory):
+                tracker.inventories.setdefault(event.hardware.node, event)
+        missing = [n.name for n in cluster.nodes if n.name not in tracker.inventories]
+        silent = [n.name for n in cluster.nodes if not cluster.dra_socket(n.name).exists()]
+        if not missing and not silent:
             return
         if time.monotonic() > deadline:
-            raise RuntimeError(f"cluster not ready after {timeout_s:g}s (inventories and kubelet sockets)")
-        await asyncio.sleep(0.1)
+            raise RuntimeError(
+                f"cluster not ready after {timeout_s:g}s: no inventory from {missing or 'none'}, "
+                f"no kubelet plugin socket on {silent or 'none'}"
+            )
+        await asyncio.sleep(0.2)
 
 
 async def drive(
@@ -175,7 +189,7 @@ async def drive(
     subscription = await bus.nats.subscribe("tangram.>", cb=tracker.on_message)
     try:
         await bus.ensure_streams()
-        await _wait_for_cluster(cluster, tracker)
+        await _wait_for_cluster(cluster, bus, tracker)
         driver = Driver(cluster, bus, tracker)
         for claim in opening():
             await driver.submit(claim)
