@@ -25,7 +25,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tangram.bus.declarations import allocator_consumer, allocator_results_consumer, partitioner_consumer
+from tangram.bus.declarations import (
+    LEADER_BUCKET,
+    allocator_consumer,
+    allocator_results_consumer,
+    partitioner_consumer,
+)
 from tangram.events import (
     CLAIMS_STREAM,
     DEADLETTER_STREAM,
@@ -105,12 +110,23 @@ def _follow_api(stream: str) -> list[str]:
 
 
 def _replay_api(stream: str) -> list[str]:
-    """An ephemeral pull consumer read to the end: create, info, pull, delete when done."""
+    """An ephemeral push consumer read to the end: create, flow-control replies, delete when done."""
     return [
         f"$JS.API.CONSUMER.CREATE.{stream}",
         f"$JS.API.CONSUMER.INFO.{stream}.*",
         f"$JS.API.CONSUMER.DELETE.{stream}.*",
-        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.*",
+        f"$JS.FC.{stream}.>",
+    ]
+
+
+def _lease_api(role: str) -> list[str]:
+    """Hold the leader lease of one role: bind the bucket, read, create, renew, release the key."""
+    bucket = LEADER_BUCKET.bucket
+    return [
+        f"$JS.API.STREAM.INFO.KV_{bucket}",
+        f"$KV.{bucket}.{role}",
+        f"$JS.API.DIRECT.GET.KV_{bucket}.$KV.{bucket}.{role}",
+        f"$JS.API.STREAM.MSG.GET.KV_{bucket}",
     ]
 
 
@@ -143,6 +159,7 @@ def allocator_permissions(nodes: Sequence[str] = ()) -> Permissions:
         *_replay_api(INVENTORY_STREAM),
         *_replay_api(CLAIMS_STREAM),
         *_replay_api(NODES_STREAM),
+        *_lease_api("allocator"),
     ]
     subscribe = [
         "_INBOX.>",

@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
+import socket
 import time
+import uuid
 from pathlib import Path
 
 import yaml
@@ -14,7 +17,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from services.allocator.settings import AllocatorSettings
 from tangram.allocation import DeviceClass, FleetState
 from tangram.allocation.ledger import Ledger
-from tangram.bus import allocator_consumer, allocator_results_consumer
+from tangram.bus import LeaderLease, allocator_consumer, allocator_results_consumer
 from tangram.events import (
     CLAIMS_STREAM,
     INVENTORY_STREAM,
@@ -74,7 +77,22 @@ async def rebuild(ctx: ServiceContext, ledger: Ledger) -> int:
     return count
 
 
+def holder_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
 async def run(ctx: ServiceContext, settings: AllocatorSettings) -> None:
+    """Follow until elected, then lead: one allocator decides at a time (the others stay unready)."""
+    lease = LeaderLease(ctx.bus, "allocator", holder_id())
+    if not await lease.acquire(ctx.stop):
+        return
+    try:
+        await lead(ctx, settings, lease)
+    finally:
+        await lease.release()
+
+
+async def lead(ctx: ServiceContext, settings: AllocatorSettings, lease: LeaderLease) -> None:
     ledger = Ledger(
         fleet=FleetState(),
         classes=load_device_classes(settings.device_classes),
@@ -107,6 +125,7 @@ async def run(ctx: ServiceContext, settings: AllocatorSettings) -> None:
     claims_ready = asyncio.Event()
     results_ready = asyncio.Event()
     tasks = [
+        asyncio.create_task(lease.hold(ctx.stop)),
         asyncio.create_task(
             ctx.bus.follow(
                 INVENTORY_STREAM,
@@ -115,21 +134,41 @@ async def run(ctx: ServiceContext, settings: AllocatorSettings) -> None:
                 stop=ctx.stop,
                 caught_up=inventory_caught_up,
             )
-        )
+        ),
     ]
-    await inventory_caught_up.wait()
-    tasks.append(
-        asyncio.create_task(ctx.bus.consume(allocator_consumer(), handle, stop=ctx.stop, ready=claims_ready))
-    )
-    tasks.append(
-        asyncio.create_task(
-            ctx.bus.consume(allocator_results_consumer(), handle, stop=ctx.stop, ready=results_ready)
-        )
-    )
-    await asyncio.gather(claims_ready.wait(), results_ready.wait())
-    ctx.ready.set()
-    log.info("allocator ready", extra={"policy": settings.policy, "nodes": len(ledger.fleet.node_names)})
     try:
-        await asyncio.gather(*tasks)
+        await _until(inventory_caught_up, tasks)
+        tasks.append(
+            asyncio.create_task(
+                ctx.bus.consume(allocator_consumer(), handle, stop=ctx.stop, ready=claims_ready)
+            )
+        )
+        tasks.append(
+            asyncio.create_task(
+                ctx.bus.consume(allocator_results_consumer(), handle, stop=ctx.stop, ready=results_ready)
+            )
+        )
+        await _until(claims_ready, tasks)
+        await _until(results_ready, tasks)
+        ctx.ready.set()
+        log.info("allocator ready", extra={"policy": settings.policy, "nodes": len(ledger.fleet.node_names)})
+        await _until(ctx.stop, tasks)
     finally:
         ctx.stop.set()
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+
+
+async def _until(event: asyncio.Event, tasks: list[asyncio.Task[None]]) -> None:
+    """Wait for `event`; a task that ends first (the lease lost, a consumer failed) is fatal."""
+    waiter = asyncio.create_task(event.wait())
+    try:
+        done, _ = await asyncio.wait({waiter, *tasks}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    for task in done:
+        if task is not waiter and not event.is_set():
+            task.result()  # raises what ended it
+            raise RuntimeError("a background task of the allocator ended early")

@@ -116,3 +116,33 @@ async def test_bad_claims_fail_with_a_reason_and_garbage_goes_to_dead_letter(
     [letter] = letters
     assert isinstance(letter, DeadLetter) and letter.consumer == "allocator"
     assert msgspec.json.decode(letter.data) == {"type": "claim.requested"}
+
+
+async def test_a_second_allocator_waits_then_takes_over_without_deciding_twice(
+    bus: Bus, nats_server: NatsServer
+) -> None:
+    await bus.publish(inventory("l40s-8", "node-1"))
+    settings = AllocatorSettings(nats_urls=(nats_server.url,))
+    first = ServiceContext(name="allocator", bus=bus, stop=asyncio.Event())
+    second = ServiceContext(name="allocator", bus=bus, stop=asyncio.Event())
+    leading = asyncio.create_task(run(first, settings))
+    await asyncio.wait_for(first.ready.wait(), 30)
+    following = asyncio.create_task(run(second, settings))
+    for n in range(3):
+        await bus.publish(request(n, gpus(2)))
+    await until(bus, lambda e: len(decisions(e)) == 3)
+    assert not second.ready.is_set()  # a follower takes no claims
+
+    first.stop.set()  # graceful stop hands the lease over at once
+    await leading
+    await asyncio.wait_for(second.ready.wait(), 30)
+    await bus.publish(request(3, gpus(2)))  # the last 2 of the 8 GPUs
+    await bus.publish(request(4, gpus(1)))  # nothing left
+    events = await until(bus, lambda e: len(decisions(e)) == 5)
+    second.stop.set()
+    await following
+    results = decisions(events)
+    assert len({e.uid for e in results}) == 5  # type: ignore[attr-defined]
+    devices = [d.device for e in results if isinstance(e, ClaimAllocated) for d in e.devices]
+    assert sorted(devices) == [f"gpu-{i}" for i in range(8)]
+    assert isinstance(results[-1], ClaimFailed)

@@ -10,7 +10,14 @@ import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 
-from tangram.bus import Bus, BusConfig, allocator_consumer, allocator_results_consumer, partitioner_consumer
+from tangram.bus import (
+    Bus,
+    BusConfig,
+    LeaderLease,
+    allocator_consumer,
+    allocator_results_consumer,
+    partitioner_consumer,
+)
 from tangram.events import (
     CLAIMS_STREAM,
     NODES_STREAM,
@@ -308,3 +315,27 @@ async def test_services_work_end_to_end_as_their_own_users(auth_server: AuthServ
         await node.close()
         await allocator.close()
     assert auth_server.violations() == []
+
+
+async def test_only_the_allocator_user_can_hold_the_allocator_lease(
+    auth_server: AuthServer, admin: Bus
+) -> None:
+    allocator = await _bus(auth_server, "allocator")
+    try:
+        lease = LeaderLease(allocator, "allocator", "allocator-0")
+        stop = asyncio.Event()
+        assert await asyncio.wait_for(lease.acquire(stop), 10) is True
+        stop_soon = asyncio.get_running_loop().call_later(lease.renew_every_s * 2.5, stop.set)
+        await asyncio.wait_for(lease.hold(stop), 20)  # two renewals, then a clean stop
+        stop_soon.cancel()
+        await lease.release()
+        assert lease.held is False
+    finally:
+        await allocator.close()
+    node = await _client(auth_server, USER_A)
+    try:
+        assert await node.refused("$KV.tangram-leader.allocator")
+    finally:
+        await node.nc.close()
+    [violation] = auth_server.violations()  # the allocator's lease traffic was all permitted
+    assert '"$G/user:node-node-a" - Publish Violation - Subject "$KV.tangram-leader.allocator"' in violation

@@ -11,6 +11,7 @@ from tangram.bus.declarations import (
     partitioner_consumer,
 )
 from tangram.bus.errors import BusError, Poison, Retry
+from tangram.bus.leader import LeaderLease, LeadershipLost
 
 __all__ = [
     "STREAMS",
@@ -20,6 +21,8 @@ __all__ = [
     "BusError",
     "ConsumerSpec",
     "Handler",
+    "LeaderLease",
+    "LeadershipLost",
     "Poison",
     "Retry",
     "StreamSpec",

@@ -24,13 +24,14 @@ from nats.js.api import (
     ConsumerConfig,
     DeliverPolicy,
     DiscardPolicy,
+    KeyValueConfig,
     PubAck,
     RetentionPolicy,
     StorageType,
     StreamConfig,
 )
 
-from tangram.bus.declarations import STREAMS, ConsumerSpec, StreamSpec
+from tangram.bus.declarations import KEY_VALUES, STREAMS, ConsumerSpec, KeyValueSpec, StreamSpec
 from tangram.bus.errors import BusError, Poison, Retry
 from tangram.bus.metrics import CONSUMED, DEAD_LETTERS, DUPLICATES, HANDLE_SECONDS, PUBLISHED
 from tangram.events import DeadLetter, Event, EventDecodeError, decode, encode, subject_token
@@ -190,9 +191,28 @@ class Bus:
             except (nats.js.errors.Error, nats.errors.Error) as exc:
                 raise BusError(f"{what}: {exc}") from exc
 
-    async def ensure_streams(self, streams: Sequence[StreamSpec] = STREAMS) -> None:
+    async def ensure_streams(
+        self, streams: Sequence[StreamSpec] = STREAMS, key_values: Sequence[KeyValueSpec] = KEY_VALUES
+    ) -> None:
         for spec in streams:
             await self._ensure_stream(spec)
+        for bucket in key_values:
+            await self._ensure_key_value(bucket)
+
+    async def _ensure_key_value(self, spec: KeyValueSpec) -> None:
+        try:
+            await self._api(lambda: self._js.key_value(spec.bucket), f"bucket {spec.bucket}", retry_s=10)
+        except BusError as exc:
+            if not isinstance(
+                exc.__cause__, nats.js.errors.BucketNotFoundError | nats.js.errors.NotFoundError
+            ):
+                raise
+            config = KeyValueConfig(
+                bucket=spec.bucket, description=spec.description, ttl=spec.ttl_s, history=1
+            )
+            await self._api(
+                lambda: self._js.create_key_value(config), f"create bucket {spec.bucket}", retry_s=10
+            )
 
     async def _ensure_stream(self, spec: StreamSpec) -> None:
         """Create the stream, or update it when it differs from the table.

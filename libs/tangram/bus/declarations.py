@@ -63,6 +63,21 @@ STREAMS: tuple[StreamSpec, ...] = (
 STREAMS_BY_NAME = {spec.name: spec for spec in STREAMS}
 
 
+@dataclass(frozen=True)
+class KeyValueSpec:
+    bucket: str
+    description: str
+    ttl_s: float  # an entry not written again within this time is gone
+
+
+# One allocator decides at a time: the leader holds a key in this bucket and keeps writing it;
+# when it stops (or dies), the key expires after the TTL and a follower takes over.
+LEADER_BUCKET = KeyValueSpec(
+    bucket="tangram-leader", description="who leads each central service", ttl_s=10.0
+)
+KEY_VALUES: tuple[KeyValueSpec, ...] = (LEADER_BUCKET,)
+
+
 def allocator_consumer() -> ConsumerSpec:
     return ConsumerSpec(
         durable="allocator",
