@@ -337,5 +337,9 @@ async def test_only_the_allocator_user_can_hold_the_allocator_lease(
         assert await node.refused("$KV.tangram-leader.allocator")
     finally:
         await node.nc.close()
+    for _ in range(200):  # the server writes its log line a moment after telling the client
+        if auth_server.violations():
+            break
+        await asyncio.sleep(0.02)
     [violation] = auth_server.violations()  # the allocator's lease traffic was all permitted
     assert '"$G/user:node-node-a" - Publish Violation - Subject "$KV.tangram-leader.allocator"' in violation
