@@ -1,4 +1,5 @@
-"""List-returning wrappers for the NVML calls that fill caller-provided arrays."""
+"""Helpers over NVML calls: list-returning wrappers for the calls that fill caller-provided arrays,
+text as str (pynvml returns bytes or str by version), and the MIG devices of a GPU."""
 
 from __future__ import annotations
 
@@ -47,3 +48,25 @@ def fabric_info(nvml: NvmlBackend, device: Device) -> Any:
     info = pynvml.c_nvmlGpuFabricInfoV_t()
     nvml.nvmlDeviceGetGpuFabricInfoV(device, ctypes.byref(info))
     return info
+
+
+def text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def profile_name(raw: str | bytes) -> str:
+    """A GPU-instance profile's name as nvidia-smi prints it: "MIG 3g.71gb" -> "3g.71gb"."""
+    return text(raw).removeprefix("MIG ").strip()
+
+
+def mig_devices(nvml: NvmlBackend, device: Device) -> dict[tuple[int, int], tuple[str, bool]]:
+    """(GPU instance id, compute instance id) -> (MIG device UUID, has processes)."""
+    found: dict[tuple[int, int], tuple[str, bool]] = {}
+    for index in range(nvml.nvmlDeviceGetMaxMigDeviceCount(device)):
+        try:
+            mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(device, index)
+        except pynvml.NVMLError_NotFound:
+            continue
+        key = (nvml.nvmlDeviceGetGpuInstanceId(mig), nvml.nvmlDeviceGetComputeInstanceId(mig))
+        found[key] = (text(nvml.nvmlDeviceGetUUID(mig)), bool(nvml.nvmlDeviceGetComputeRunningProcesses(mig)))
+    return found

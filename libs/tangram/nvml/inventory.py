@@ -25,10 +25,6 @@ _CI_PROFILE_INDEXES = range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT)
 _MIB = 1024 * 1024
 
 
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def semver_driver(version: str) -> str:
     """ "580.95.05" -> "580.95.5"; "535.104" -> "535.104.0" (DRA compares driverVersion as semver)."""
     parts = [str(int(p)) for p in version.strip().split(".") if p.isdigit()]
@@ -63,7 +59,7 @@ def _mig_profiles(nvml: NvmlBackend, device: Device) -> list[MigProfile]:
         except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument):
             continue
         placements = calls.possible_placements(nvml, device, info.id)
-        name = _text(info.name).removeprefix("MIG ").strip()
+        name = calls.profile_name(info.name)
         profiles.append(
             MigProfile(
                 profile_id=info.id,
@@ -81,24 +77,8 @@ def _mig_profiles(nvml: NvmlBackend, device: Device) -> list[MigProfile]:
     return sorted(profiles, key=lambda p: (p.memory_slices, p.compute_slices, p.media_extensions))
 
 
-def _mig_devices(nvml: NvmlBackend, device: Device) -> dict[tuple[int, int], tuple[str, bool]]:
-    """(GI id, CI id) -> (MIG device UUID, has processes)."""
-    found: dict[tuple[int, int], tuple[str, bool]] = {}
-    for index in range(nvml.nvmlDeviceGetMaxMigDeviceCount(device)):
-        try:
-            mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(device, index)
-        except pynvml.NVMLError_NotFound:
-            continue
-        key = (nvml.nvmlDeviceGetGpuInstanceId(mig), nvml.nvmlDeviceGetComputeInstanceId(mig))
-        found[key] = (
-            _text(nvml.nvmlDeviceGetUUID(mig)),
-            bool(nvml.nvmlDeviceGetComputeRunningProcesses(mig)),
-        )
-    return found
-
-
 def _mig_instances(nvml: NvmlBackend, device: Device, profiles: list[MigProfile]) -> list[MigInstance]:
-    devices = _mig_devices(nvml, device)
+    devices = calls.mig_devices(nvml, device)
     instances = []
     for profile in profiles:
         for gi in calls.gpu_instances(nvml, device, profile.profile_id, profile.instance_count):
@@ -131,15 +111,15 @@ def _mig_instances(nvml: NvmlBackend, device: Device, profiles: list[MigProfile]
 def _read_gpu(
     nvml: NvmlBackend, index: int, device: Device, health: tuple[str, str] | None
 ) -> tuple[GpuInfo, dict[str, Any]]:
-    name = _text(nvml.nvmlDeviceGetName(device))
+    name = calls.text(nvml.nvmlDeviceGetName(device))
     pci = nvml.nvmlDeviceGetPciInfo(device)
-    bus_id = _text(pci.busId)
+    bus_id = calls.text(pci.busId)
     product = _product(nvml, device, name)
     major, minor_cc = nvml.nvmlDeviceGetCudaComputeCapability(device)
     extra: dict[str, Any] = {"bus_id": bus_id.upper()}
     fields: dict[str, Any] = {
         "index": index,
-        "uuid": _text(nvml.nvmlDeviceGetUUID(device)),
+        "uuid": calls.text(nvml.nvmlDeviceGetUUID(device)),
         "name": name,
         "product": product.key if product else name.removeprefix("NVIDIA ").replace(" ", "-"),
         "architecture": product.architecture if product else "unknown",
@@ -189,7 +169,7 @@ def _nvlink_peers(nvml: NvmlBackend, device: Device) -> tuple[dict[str, int], se
         try:
             if nvml.nvmlDeviceGetNvLinkState(device, link) != pynvml.NVML_FEATURE_ENABLED:
                 continue
-            remote = _text(nvml.nvmlDeviceGetNvLinkRemotePciInfo(device, link).busId).upper()
+            remote = calls.text(nvml.nvmlDeviceGetNvLinkRemotePciInfo(device, link).busId).upper()
             kind = nvml.nvmlDeviceGetNvLinkRemoteDeviceType(device, link)
         except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument):
             continue

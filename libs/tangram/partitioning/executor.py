@@ -29,10 +29,6 @@ class InstanceNotFound(PartitionError):
     """No GPU instance where a destroy looked for one (already gone: the wanted state holds)."""
 
 
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def _slices(placement: MigPlacement) -> str:
     return f"slices {placement.start}+{placement.size}"
 
@@ -56,11 +52,11 @@ class MigExecutor:
             if not 0 <= gpu < nvml.nvmlDeviceGetCount():
                 raise PartitionError(f"GPU index {gpu} does not exist on this node")
             device = nvml.nvmlDeviceGetHandleByIndex(gpu)
-            return gpu, device, _text(nvml.nvmlDeviceGetUUID(device))
+            return gpu, device, calls.text(nvml.nvmlDeviceGetUUID(device))
         if not self._index_by_uuid:
             for index in range(nvml.nvmlDeviceGetCount()):
                 device = nvml.nvmlDeviceGetHandleByIndex(index)
-                self._index_by_uuid[_text(nvml.nvmlDeviceGetUUID(device))] = index
+                self._index_by_uuid[calls.text(nvml.nvmlDeviceGetUUID(device))] = index
         found = self._index_by_uuid.get(gpu)
         if found is None:
             raise PartitionError(f"GPU {gpu} is not on this node")
@@ -111,10 +107,10 @@ class MigExecutor:
                 return []
         except pynvml.NVMLError_NotSupported:
             return []
-        mig_devices = self._mig_devices(device)
+        mig_devices = calls.mig_devices(self._nvml, device)
         found = []
         for profile in self._gi_profiles(device):
-            name = _text(profile.name).removeprefix("MIG ").strip()
+            name = calls.profile_name(profile.name)
             for gi in calls.gpu_instances(nvml, device, profile.id, profile.instanceCount):
                 info = nvml.nvmlGpuInstanceGetInfo(gi)
                 ci_ids = tuple(sorted(self._ci_ids(gi)))
@@ -171,20 +167,6 @@ class MigExecutor:
                 continue
         return found
 
-    def _mig_devices(self, device: Any) -> dict[tuple[int, int], tuple[str, bool]]:
-        """(GI id, CI id) -> (MIG device UUID, has processes)."""
-        nvml = self._nvml
-        found: dict[tuple[int, int], tuple[str, bool]] = {}
-        for index in range(nvml.nvmlDeviceGetMaxMigDeviceCount(device)):
-            try:
-                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(device, index)
-            except pynvml.NVMLError_NotFound:
-                continue
-            key = (nvml.nvmlDeviceGetGpuInstanceId(mig), nvml.nvmlDeviceGetComputeInstanceId(mig))
-            busy = bool(nvml.nvmlDeviceGetComputeRunningProcesses(mig))
-            found[key] = (_text(nvml.nvmlDeviceGetUUID(mig)), busy)
-        return found
-
     def cap_minors(self, gpu: GpuRef, gpu_instance_id: int, compute_instance_id: int) -> tuple[int, int]:
         _, device, _ = self.resolve(gpu)
         minor = self._nvml.nvmlDeviceGetMinorNumber(device)
@@ -227,7 +209,7 @@ class MigExecutor:
         nvml = self._nvml
         index, device, uuid = self.resolve(gpu)
         profile = self._gi_profile(device, profile_id)
-        name = _text(profile.name).removeprefix("MIG ").strip()
+        name = calls.profile_name(profile.name)
         allowed = calls.possible_placements(nvml, device, profile_id)
         if (placement.start, placement.size) not in allowed:
             listed = ", ".join(f"{s}+{z}" for s, z in allowed)
@@ -249,7 +231,7 @@ class MigExecutor:
             ci_profile = self._full_ci_profile(gpu_instance, profile.sliceCount)
             compute_instance = nvml.nvmlGpuInstanceCreateComputeInstance(gpu_instance, ci_profile.id)
             ci_id = nvml.nvmlComputeInstanceGetInfo(compute_instance).id
-            mig_uuid = self._mig_devices(device).get((gi_id, ci_id), ("", False))[0]
+            mig_uuid = calls.mig_devices(self._nvml, device).get((gi_id, ci_id), ("", False))[0]
             if not mig_uuid:
                 raise PartitionError(
                     f"NVML shows no MIG device for GPU instance {gi_id}, compute instance {ci_id}"
