@@ -29,6 +29,7 @@ from tangram.bus.declarations import (
     LEADER_BUCKET,
     allocator_consumer,
     allocator_results_consumer,
+    partition_result_subjects,
     partitioner_consumer,
 )
 from tangram.events import (
@@ -165,8 +166,7 @@ def allocator_permissions(nodes: Sequence[str] = ()) -> Permissions:
         "_INBOX.>",
         "tangram.inventory.*",
         "tangram.claim.*.*",
-        "tangram.node.*.partition.applied",
-        "tangram.node.*.partition.failed",
+        *partition_result_subjects(),
     ]
     deny = [
         f"$JS.API.CONSUMER.{call}.{NODES_STREAM}.{partitioner_consumer(node).durable}"

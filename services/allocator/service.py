@@ -17,7 +17,12 @@ from prometheus_client import Counter, Gauge, Histogram
 from services.allocator.settings import AllocatorSettings
 from tangram.allocation import DeviceClass, FleetState
 from tangram.allocation.ledger import Ledger
-from tangram.bus import LeaderLease, allocator_consumer, allocator_results_consumer
+from tangram.bus import (
+    LeaderLease,
+    allocator_consumer,
+    allocator_results_consumer,
+    partition_result_subjects,
+)
 from tangram.events import (
     CLAIMS_STREAM,
     INVENTORY_STREAM,
@@ -28,7 +33,7 @@ from tangram.events import (
     Event,
 )
 from tangram.k8s.deviceclasses import load_shipped_device_classes
-from tangram.service import ServiceContext
+from tangram.service import ServiceContext, first, settle
 
 log = logging.getLogger("tangram.allocator")
 
@@ -61,7 +66,7 @@ async def rebuild(ctx: ServiceContext, ledger: Ledger) -> int:
     sources: list[tuple[str, list[str]]] = [
         (INVENTORY_STREAM, []),
         (CLAIMS_STREAM, []),
-        (NODES_STREAM, ["tangram.node.*.partition.applied", "tangram.node.*.partition.failed"]),
+        (NODES_STREAM, list(partition_result_subjects())),
     ]
     for stream, subjects in sources:
         async for _, event in ctx.bus.replay(stream, subjects=subjects):
@@ -137,7 +142,7 @@ async def lead(ctx: ServiceContext, settings: AllocatorSettings, lease: LeaderLe
         ),
     ]
     try:
-        await _until(inventory_caught_up, tasks)
+        await first(inventory_caught_up.wait(), tasks)
         tasks.append(
             asyncio.create_task(
                 ctx.bus.consume(allocator_consumer(), handle, stop=ctx.stop, ready=claims_ready)
@@ -148,27 +153,11 @@ async def lead(ctx: ServiceContext, settings: AllocatorSettings, lease: LeaderLe
                 ctx.bus.consume(allocator_results_consumer(), handle, stop=ctx.stop, ready=results_ready)
             )
         )
-        await _until(claims_ready, tasks)
-        await _until(results_ready, tasks)
+        await first(claims_ready.wait(), tasks)
+        await first(results_ready.wait(), tasks)
         ctx.ready.set()
         log.info("allocator ready", extra={"policy": settings.policy, "nodes": len(ledger.fleet.node_names)})
-        await _until(ctx.stop, tasks)
+        await first(ctx.stop.wait(), tasks)
     finally:
         ctx.stop.set()
-        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
-    for outcome in outcomes:
-        if isinstance(outcome, BaseException):
-            raise outcome
-
-
-async def _until(event: asyncio.Event, tasks: list[asyncio.Task[None]]) -> None:
-    """Wait for `event`; a task that ends first (the lease lost, a consumer failed) is fatal."""
-    waiter = asyncio.create_task(event.wait())
-    try:
-        done, _ = await asyncio.wait({waiter, *tasks}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiter.cancel()
-    for task in done:
-        if task is not waiter and not event.is_set():
-            task.result()  # raises what ended it
-            raise RuntimeError("a background task of the allocator ended early")
+        await settle(tasks)

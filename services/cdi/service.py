@@ -2,61 +2,29 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from services.cdi.settings import CdiSettings
-from tangram.events import (
-    CLAIMS_STREAM,
-    INVENTORY_STREAM,
-    NODES_STREAM,
-    ClaimPrepared,
-    ClaimUnprepared,
-    subject_token,
-)
+from tangram.bus import node_claim_sources
+from tangram.events import INVENTORY_STREAM, ClaimPrepared, ClaimUnprepared, subject_token
 from tangram.kubelet import InMemoryAllocationSource, PluginConfig, build_plugin
-from tangram.service import ServiceContext
+from tangram.service import ServiceContext, first, follow_all, settle
 
 log = logging.getLogger("tangram.cdi")
 
 
-def follow_subjects(node: str) -> list[tuple[str, tuple[str, ...]]]:
-    """(stream, subjects) pairs whose history and live events resolve this node's claims."""
-    token = subject_token(node)
-    return [
-        (INVENTORY_STREAM, (f"tangram.inventory.{token}",)),
-        (
-            CLAIMS_STREAM,
-            (
-                "tangram.claim.allocated.>",
-                "tangram.claim.failed.>",
-                "tangram.claim.released.>",
-            ),
-        ),
-        (
-            NODES_STREAM,
-            (
-                f"tangram.node.{token}.partition.applied",
-                f"tangram.node.{token}.partition.failed",
-            ),
-        ),
-    ]
+def follow_sources(node: str) -> list[tuple[str, tuple[str, ...]]]:
+    """What resolves this node's claims: its inventory, the decisions, its partition results."""
+    return [(INVENTORY_STREAM, (f"tangram.inventory.{subject_token(node)}",)), *node_claim_sources(node)]
 
 
 async def run(ctx: ServiceContext, settings: CdiSettings) -> None:
     source = InMemoryAllocationSource(settings.node_name)
-    followers = []
-    caught_up = []
-    for stream, subjects in follow_subjects(settings.node_name):
-        done = asyncio.Event()
-        caught_up.append(done)
-        followers.append(
-            asyncio.create_task(
-                ctx.bus.follow(stream, subjects, source.observe, stop=ctx.stop, caught_up=done)
-            )
-        )
+    followers, caught_up = follow_all(
+        ctx.bus, follow_sources(settings.node_name), source.observe, stop=ctx.stop
+    )
     try:
-        await asyncio.gather(*(event.wait() for event in caught_up))
+        await first(caught_up, followers)
         config = PluginConfig(
             node_name=settings.node_name,
             driver_name=settings.driver_name,
@@ -76,4 +44,4 @@ async def run(ctx: ServiceContext, settings: CdiSettings) -> None:
             await ctx.stop.wait()
     finally:
         ctx.stop.set()
-        await asyncio.gather(*followers, return_exceptions=True)
+        await settle(followers)

@@ -4,42 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Mapping
-from typing import Any
+from collections.abc import Mapping
 
 from services.partitioner.partitioner import Partitioner
 from services.partitioner.settings import PartitionerSettings
-from tangram.bus import partitioner_consumer
-from tangram.events import CLAIMS_STREAM, NODES_STREAM, Event, NodeHardware, PartitionRequested, subject_token
+from tangram.bus import node_claim_sources, partitioner_consumer
+from tangram.events import Event, NodeHardware, PartitionRequested
 from tangram.nvml import NvmlBackend, open_backend
 from tangram.nvml.inventory import read_node_hardware
 from tangram.nvml.migminors import load_mig_minors
 from tangram.partitioning import MigExecutor, PartitionLedger
-from tangram.service import ServiceContext
+from tangram.service import ServiceContext, first, follow_all, settle
 
 log = logging.getLogger("tangram.partitioner")
-
-
-def follow_subjects(node: str) -> list[tuple[str, tuple[str, ...]]]:
-    """(stream, subjects) pairs whose history and live events the ledger folds."""
-    token = subject_token(node)
-    return [
-        (
-            CLAIMS_STREAM,
-            (
-                "tangram.claim.allocated.>",
-                "tangram.claim.failed.>",
-                "tangram.claim.released.>",
-            ),
-        ),
-        (
-            NODES_STREAM,
-            (
-                f"tangram.node.{token}.partition.applied",
-                f"tangram.node.{token}.partition.failed",
-            ),
-        ),
-    ]
 
 
 def _gpu_of(event: Event) -> str:
@@ -80,16 +57,11 @@ async def run(ctx: ServiceContext, settings: PartitionerSettings) -> None:
     )
     tasks: list[asyncio.Task[None]] = []
     try:
-        caught_up = []
-        for stream, subjects in follow_subjects(node):
-            done = asyncio.Event()
-            caught_up.append(done)
-            tasks.append(
-                asyncio.create_task(
-                    ctx.bus.follow(stream, subjects, partitioner.observe, stop=ctx.stop, caught_up=done)
-                )
-            )
-        await _first(asyncio.gather(*(event.wait() for event in caught_up)), tasks)
+        followers, caught_up = follow_all(
+            ctx.bus, node_claim_sources(node), partitioner.observe, stop=ctx.stop
+        )
+        tasks.extend(followers)
+        await first(caught_up, tasks)
         findings = await partitioner.reconcile(settings.clean_orphans)
         log.info(
             "reconciled",
@@ -109,32 +81,13 @@ async def run(ctx: ServiceContext, settings: PartitionerSettings) -> None:
                 )
             )
         )
-        await _first(bound.wait(), tasks)
+        await first(bound.wait(), tasks)
         ctx.ready.set()
         log.info("partitioner ready", extra={"parallel_gpus": settings.workers})
-        await _first(ctx.stop.wait(), tasks)
+        await first(ctx.stop.wait(), tasks)
     finally:
         ctx.stop.set()
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-        nvml.nvmlShutdown()
-    for result in results:
-        if isinstance(result, Exception):
-            raise result
-
-
-async def _first(awaitable: Awaitable[object], tasks: list[asyncio.Task[None]]) -> None:
-    """Wait for `awaitable`, unless a background task fails first (then that failure is raised)."""
-    waiter: asyncio.Future[object] = asyncio.ensure_future(awaitable)
-    try:
-        while not waiter.done():
-            pending: list[asyncio.Future[Any]] = [waiter, *tasks]
-            await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in tasks:
-                failure = task.exception() if task.done() and not task.cancelled() else None
-                if failure is not None:
-                    raise failure
-        waiter.result()
-    finally:
-        if not waiter.done():
-            waiter.cancel()
-            await asyncio.gather(waiter, return_exceptions=True)
+        try:
+            await settle(tasks)
+        finally:
+            nvml.nvmlShutdown()

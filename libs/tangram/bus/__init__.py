@@ -8,6 +8,8 @@ from tangram.bus.declarations import (
     StreamSpec,
     allocator_consumer,
     allocator_results_consumer,
+    node_claim_sources,
+    partition_result_subjects,
     partitioner_consumer,
 )
 from tangram.bus.errors import BusError, Poison, Retry
@@ -28,6 +30,8 @@ __all__ = [
     "StreamSpec",
     "allocator_consumer",
     "allocator_results_consumer",
+    "node_claim_sources",
+    "partition_result_subjects",
     "partitioner_consumer",
     "redact_url",
 ]

@@ -78,6 +78,24 @@ LEADER_BUCKET = KeyValueSpec(
 KEY_VALUES: tuple[KeyValueSpec, ...] = (LEADER_BUCKET,)
 
 
+# What a node service folds to know the claims of its node: the allocator's decisions (all nodes:
+# a claim's subject names its uid, not its node) and its own node's partition results.
+CLAIM_DECISION_SUBJECTS = ("tangram.claim.allocated.>", "tangram.claim.failed.>", "tangram.claim.released.>")
+
+
+def partition_result_subjects(node: str = "*") -> tuple[str, ...]:
+    """One node's partition results (a subject token), or every node's with "*"."""
+    return (f"tangram.node.{node}.partition.applied", f"tangram.node.{node}.partition.failed")
+
+
+def node_claim_sources(node: str) -> list[tuple[str, tuple[str, ...]]]:
+    """(stream, subjects) a node service follows to rebuild what it knows of its node's claims."""
+    return [
+        (CLAIMS_STREAM, CLAIM_DECISION_SUBJECTS),
+        (NODES_STREAM, partition_result_subjects(subject_token(node))),
+    ]
+
+
 def allocator_consumer() -> ConsumerSpec:
     return ConsumerSpec(
         durable="allocator",
@@ -91,7 +109,7 @@ def allocator_results_consumer() -> ConsumerSpec:
     return ConsumerSpec(
         durable="allocator-partition-results",
         stream=NODES_STREAM,
-        filter_subjects=("tangram.node.*.partition.applied", "tangram.node.*.partition.failed"),
+        filter_subjects=partition_result_subjects(),
         description="partition results from every node",
     )
 

@@ -8,6 +8,7 @@ from tangram.service.settings import (
     env_flag,
     service_fields,
 )
+from tangram.service.tasks import first, follow_all, settle
 
 __all__ = [
     "NodeSettings",
@@ -17,7 +18,10 @@ __all__ = [
     "add_service_arguments",
     "bus_config",
     "env_flag",
+    "first",
+    "follow_all",
     "run_service",
     "serve",
     "service_fields",
+    "settle",
 ]
