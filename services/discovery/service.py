@@ -49,7 +49,7 @@ class InventoryPublisher:
 
     async def refresh(self) -> bool:
         hardware = await asyncio.to_thread(
-            read_node_hardware, self._nvml, self._node, health=dict(self.health)
+            read_node_hardware, self._nvml, self._node, health=dict(self.health), minors=self._minors
         )
         if hardware == self._last:
             return False

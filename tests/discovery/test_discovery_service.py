@@ -61,6 +61,12 @@ async def test_publishes_the_inventory_on_the_nodes_subject(
     assert inventory.hardware.node == "gpu-node.example.com"
     assert [gpu.name for gpu in inventory.hardware.gpus] == ["NVIDIA H200"] * 8
     assert inventory.producer == "discovery@gpu-node.example.com"
+    # The MIG instances the machine starts with carry what their device nodes need.
+    instances = [
+        (m.profile, m.gi_cap_minor, m.ci_cap_minor) for m in inventory.hardware.gpus[0].mig_instances
+    ]
+    assert instances == [("3g.71gb", 12, 13), ("1g.18gb", 102, 103)]
+    assert all(m.uuid.startswith("MIG-") for m in inventory.hardware.gpus[0].mig_instances)
 
 
 async def test_republishes_when_mig_layout_changes_and_keeps_last_value_only(

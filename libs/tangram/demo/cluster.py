@@ -24,6 +24,8 @@ class ServiceProcess:
     name: str
     process: subprocess.Popen[bytes]
     log_path: Path
+    module_args: list[str]
+    env: dict[str, str]
 
 
 @dataclass
@@ -74,10 +76,13 @@ class LocalCluster:
             )
 
     def _spawn(self, name: str, module_args: list[str], env: dict[str, str]) -> None:
+        self.processes.append(self._launch(name, module_args, env))
+
+    def _launch(self, name: str, module_args: list[str], env: dict[str, str]) -> ServiceProcess:
         log_path = self.workdir / "logs" / f"{name.replace('@', '-')}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         full_env = dict(os.environ, TANGRAM_NATS_URL=self.url, TANGRAM_LOG_LEVEL="info", **env)
-        with log_path.open("wb") as log:
+        with log_path.open("ab") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", *module_args],
                 env=full_env,
@@ -85,7 +90,20 @@ class LocalCluster:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        self.processes.append(ServiceProcess(name, process, log_path))
+        return ServiceProcess(name, process, log_path, module_args, env)
+
+    def service(self, name: str) -> ServiceProcess:
+        return next(p for p in self.processes if p.name == name)
+
+    def crash(self, name: str) -> None:
+        """kill -9, as a node losing power or the OOM killer would."""
+        service = self.service(name)
+        service.process.kill()
+        service.process.wait()
+
+    def restart(self, name: str) -> None:
+        service = self.service(name)
+        self.processes[self.processes.index(service)] = self._launch(name, service.module_args, service.env)
 
     def dead(self) -> list[str]:
         """Services that exited on their own, with the last line they logged."""

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+import socket
 import statistics
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from nats.aio.msg import Msg
@@ -152,7 +154,19 @@ class Driver:
         self.outcomes["released"] += 1
 
 
-async def _wait_for_cluster(
+def _listening(path: Path) -> bool:
+    """A unix socket someone accepts on (a killed plugin leaves its socket file behind)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
+async def wait_for_cluster(
     cluster: LocalCluster, bus: Bus, tracker: Tracker, timeout_s: float = 60.0
 ) -> None:
     """Every node's inventory is stored and every node's kubelet plugin is listening.
@@ -169,7 +183,7 @@ async def _wait_for_cluster(
             if isinstance(event, NodeInventory):
                 tracker.inventories.setdefault(event.hardware.node, event)
         missing = [n.name for n in cluster.nodes if n.name not in tracker.inventories]
-        silent = [n.name for n in cluster.nodes if not cluster.dra_socket(n.name).exists()]
+        silent = [n.name for n in cluster.nodes if not _listening(cluster.dra_socket(n.name))]
         if not missing and not silent:
             return
         if time.monotonic() > deadline:
@@ -189,7 +203,7 @@ async def drive(
     subscription = await bus.nats.subscribe("tangram.>", cb=tracker.on_message)
     try:
         await bus.ensure_streams()
-        await _wait_for_cluster(cluster, bus, tracker)
+        await wait_for_cluster(cluster, bus, tracker)
         driver = Driver(cluster, bus, tracker)
         for claim in opening():
             await driver.submit(claim)

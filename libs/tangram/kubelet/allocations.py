@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Protocol
 
 import msgspec
@@ -19,6 +20,8 @@ from tangram.events import (
     PartitionApplied,
     PartitionFailed,
 )
+
+log = logging.getLogger("tangram.kubelet.allocations")
 
 
 class AllocationUnavailable(Exception):
@@ -56,6 +59,22 @@ class InMemoryAllocationSource:
             case NodeInventory(hardware=hardware) if hardware.node == self.node:
                 self._gpus_by_index = {gpu.index: gpu for gpu in hardware.gpus}
                 self._gpus_by_uuid = {gpu.uuid: gpu for gpu in hardware.gpus}
+                partial = [
+                    f"GPU {gpu.index} {m.profile}@{m.placement.start} uuid={m.uuid!r} "
+                    f"minors={m.gi_cap_minor},{m.ci_cap_minor} ci={m.compute_instance_id}"
+                    for gpu in hardware.gpus
+                    for m in gpu.mig_instances
+                    if not m.uuid or m.gi_cap_minor < 0 or m.ci_cap_minor < 0
+                ]
+                if partial:
+                    log.warning(
+                        "inventory reports MIG instances without UUID or capability minors",
+                        extra={
+                            "producer": event.producer,
+                            "generation": event.generation,
+                            "instances": partial,
+                        },
+                    )
             case ClaimAllocated(node=node, uid=uid) if node == self.node:
                 self._allocations[uid] = event
                 self._claim_failures.pop(uid, None)
