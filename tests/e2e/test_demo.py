@@ -9,7 +9,7 @@ import sys
 
 def test_demo_runs_claims_to_ready_and_shuts_down_cleanly() -> None:
     completed = subprocess.run(
-        [sys.executable, "-m", "tangram.cli", "demo", "--duration", "4", "--json", "--keep"],
+        [sys.executable, "-m", "tangram.cli", "demo", "--duration", "4", "--json"],
         capture_output=True,
         text=True,
         timeout=240,
