@@ -82,8 +82,9 @@ class FleetState:
             held = self._held[uid]
             node.take([shape.index_by_name[n] for n in held.devices if n in shape.index_by_name], uid)
         self._nodes[hw.node] = node
-        self._unindexed.discard(hw.node)
-        self._reindex(node)
+        # Indexed before the next decision reads the index: a rebuild folding a thousand
+        # inventories then settles each node once, not once per inventory.
+        self._unindexed.add(hw.node)
 
     def remove_node(self, name: str) -> list[str]:
         """Forget the node; returns the uids of claims allocated there (their records stay)."""
