@@ -20,13 +20,11 @@ from tangram.allocation.ledger import Ledger
 from tangram.bus import (
     LeaderLease,
     allocator_consumer,
+    allocator_log_sources,
     allocator_results_consumer,
-    partition_result_subjects,
 )
 from tangram.events import (
-    CLAIMS_STREAM,
     INVENTORY_STREAM,
-    NODES_STREAM,
     ClaimAllocated,
     ClaimFailed,
     ClaimRequested,
@@ -62,16 +60,7 @@ def load_device_classes(extra: Path | None) -> dict[str, DeviceClass]:
 
 async def rebuild(ctx: ServiceContext, ledger: Ledger) -> int:
     started = time.perf_counter()
-    count = 0
-    sources: list[tuple[str, list[str]]] = [
-        (INVENTORY_STREAM, []),
-        (CLAIMS_STREAM, []),
-        (NODES_STREAM, list(partition_result_subjects())),
-    ]
-    for stream, subjects in sources:
-        async for _, event in ctx.bus.replay(stream, subjects=subjects):
-            ledger.apply(event, live=False)
-            count += 1
+    count = await ctx.bus.replay_into(allocator_log_sources(), lambda event: ledger.apply(event, live=False))
     elapsed = time.perf_counter() - started
     REBUILD_EVENTS.set(count)
     REBUILD_SECONDS.set(elapsed)

@@ -22,7 +22,7 @@ from typing import Any
 from tangram.allocation import FleetState
 from tangram.allocation.ledger import Ledger
 from tangram.bench.traces import FLEET_MIX, Arrival, build_fleet, churn_trace, claim_spec, mean_demand
-from tangram.bus import Bus, BusConfig
+from tangram.bus import Bus, BusConfig, allocator_log_sources
 from tangram.events import (
     CLAIMS_STREAM,
     INVENTORY_STREAM,
@@ -37,7 +37,6 @@ from tangram.events import (
 from tangram.natsserver import NatsServer
 
 TARGET_EVENTS_PER_S = 50_000.0
-REBUILD_STREAMS = (INVENTORY_STREAM, CLAIMS_STREAM)
 CHUNK = 1000
 
 
@@ -89,12 +88,8 @@ def fold(ledger: Ledger, events: list[Event]) -> None:
 
 
 async def _replay(bus: Bus, each: Callable[[Event], object]) -> int:
-    count = 0
-    for stream in REBUILD_STREAMS:
-        async for _, event in bus.replay(stream):
-            each(event)
-            count += 1
-    return count
+    """The allocator's own start-up replay (services/allocator rebuild reads the same sources)."""
+    return await bus.replay_into(allocator_log_sources(), each)
 
 
 def _rate(events: int, seconds: float) -> float:

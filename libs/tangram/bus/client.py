@@ -352,6 +352,17 @@ class Bus:
                 with contextlib.suppress(Exception):
                     await self._js.delete_consumer(stream, consumer.name)
 
+    async def replay_into(
+        self, sources: Sequence[tuple[str, Sequence[str]]], each: Callable[[Event], object]
+    ) -> int:
+        """Replay each (stream, subjects) in turn into `each`; returns how many events it saw."""
+        count = 0
+        for stream, subjects in sources:
+            async for _, event in self.replay(stream, subjects=subjects):
+                each(event)
+                count += 1
+        return count
+
     async def follow(
         self,
         stream: str,

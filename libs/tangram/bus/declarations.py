@@ -96,6 +96,11 @@ def node_claim_sources(node: str) -> list[tuple[str, tuple[str, ...]]]:
     ]
 
 
+def allocator_log_sources() -> list[tuple[str, tuple[str, ...]]]:
+    """(stream, subjects) the allocator's state is folded from at start; () means every subject."""
+    return [(INVENTORY_STREAM, ()), (CLAIMS_STREAM, ()), (NODES_STREAM, partition_result_subjects())]
+
+
 def allocator_consumer() -> ConsumerSpec:
     return ConsumerSpec(
         durable="allocator",
