@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import msgspec
 
@@ -16,6 +16,7 @@ from tangram.events import (
     ClaimReleased,
     Event,
     GpuInfo,
+    MigPlacement,
     NodeInventory,
     PartitionApplied,
     PartitionFailed,
@@ -135,7 +136,7 @@ class InMemoryAllocationSource:
             claim=claim, devices=[self._resolve_device(device) for device in allocation.devices]
         )
 
-    def _instance_for(self, device: AllocatedDevice, gpu: GpuInfo) -> PartitionApplied:
+    def _instance_for(self, device: AllocatedDevice, gpu: GpuInfo) -> _Instance:
         """The claim's own create result; an instance found in the inventory only when none was made.
 
         Placements are reused as claims come and go, so an instance seen at the same slices before
@@ -143,12 +144,15 @@ class InMemoryAllocationSource:
         """
         placement = device.placement
         assert placement is not None
+        existing: _Instance | None
         if device.partition_command:
             result = self._created.get(device.partition_command)
-            existing = result if result is not None and result.gpu_uuid == gpu.uuid else None
+            existing = (
+                _Instance.of_result(result) if result is not None and result.gpu_uuid == gpu.uuid else None
+            )
         else:
-            existing = _existing_instance(gpu, device)
-            if existing is not None and not _complete(existing):
+            existing = _existing_instance(gpu, placement)
+            if existing is not None and not existing.complete:
                 # An inventory read while the layout was changing can miss a MIG device's UUID;
                 # the next read will have it, so wait for it rather than fail the claim.
                 raise _Pending(
@@ -180,7 +184,7 @@ class InMemoryAllocationSource:
                 raise _Pending(f"waiting for GPU {gpu.uuid} to leave MIG mode for a whole-GPU claim")
             return whole_gpu
         instance = self._instance_for(device, gpu)
-        if not _complete(instance):
+        if not instance.complete:
             raise AllocationUnavailable(
                 f"MIG instance at slices {instance.placement.start}+{instance.placement.size} "
                 f"of GPU {gpu.uuid} was reported without its UUID or capability device minors"
@@ -194,32 +198,39 @@ class InMemoryAllocationSource:
         )
 
 
-def _complete(instance: PartitionApplied) -> bool:
-    return bool(instance.mig_uuid) and instance.gi_cap_minor >= 0 and instance.ci_cap_minor >= 0
+class _Instance(NamedTuple):
+    """What prepare needs of a MIG instance, from a create result or from the inventory."""
+
+    mig_uuid: str
+    profile: str
+    placement: MigPlacement
+    gi_cap_minor: int
+    ci_cap_minor: int
+
+    @classmethod
+    def of_result(cls, result: PartitionApplied) -> _Instance:
+        return cls(
+            result.mig_uuid, result.profile, result.placement, result.gi_cap_minor, result.ci_cap_minor
+        )
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.mig_uuid) and self.gi_cap_minor >= 0 and self.ci_cap_minor >= 0
 
 
-def _existing_instance(gpu: GpuInfo, device: AllocatedDevice) -> PartitionApplied | None:
+def _existing_instance(gpu: GpuInfo, placement: MigPlacement) -> _Instance | None:
     """An instance the inventory shows at exactly the allocated placement (made before the claim).
 
     The allocator reuses such instances without a partition command, so no PartitionApplied
     names them; the inventory carries their UUID and capability minors instead.
     """
-    placement = device.placement
     for instance in gpu.mig_instances:
-        if placement is not None and instance.placement == placement and instance.compute_instance_id >= 0:
-            return PartitionApplied(
-                key="inventory",
-                command_id="",
-                node="",
-                action="create",
-                gpu_uuid=gpu.uuid,
-                gpu_index=gpu.index,
-                profile=instance.profile,
-                placement=instance.placement,
-                mig_uuid=instance.uuid,
-                gpu_instance_id=instance.gpu_instance_id,
-                compute_instance_id=instance.compute_instance_id,
-                gi_cap_minor=instance.gi_cap_minor,
-                ci_cap_minor=instance.ci_cap_minor,
+        if instance.placement == placement and instance.compute_instance_id >= 0:
+            return _Instance(
+                instance.uuid,
+                instance.profile,
+                instance.placement,
+                instance.gi_cap_minor,
+                instance.ci_cap_minor,
             )
     return None
