@@ -196,6 +196,7 @@ def allocator_permissions(nodes: Sequence[str] = ()) -> Permissions:
         *_durable_api(claims.stream, claims.durable, claims.filter_subjects),
         *_durable_api(results.stream, results.durable, results.filter_subjects),
         *_follow_api(INVENTORY_STREAM, ()),
+        *_follow_api(INVENTORY_STREAM, ("tangram.inventory.>",)),
         *_follow_api(CLAIMS_STREAM, ()),
         *_follow_api(NODES_STREAM, partition_result_subjects()),
         *_multi_filter_api(NODES_STREAM),

@@ -81,6 +81,9 @@ class Follower:
                 with contextlib.suppress(nats.errors.Error):
                     await self._bus.nats.publish(msg.reply, b"")
             return
+        # Nothing to acknowledge (AckPolicy.NONE): marked acked so that dead-lettering it sends no
+        # term, which the reader's permissions refuse (acks are only for its own durables).
+        msg._ackd = True
         self._queue.put_nowait(msg)
 
     async def _start(self, inbox: str) -> None:
