@@ -317,8 +317,8 @@ async def test_keyed_consumer_keeps_order_per_key_and_runs_keys_concurrently(bus
             CLAIMS_CONSUMER,
             handler,
             stop=stop,
-            order_by=lambda e: e.namespace,
-            concurrency=2,  # type: ignore[attr-defined]
+            order_by=lambda e: e.namespace,  # type: ignore[attr-defined]
+            concurrency=2,
         )
     )
     try:
