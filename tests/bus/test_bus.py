@@ -10,6 +10,7 @@ import msgspec
 import pytest
 
 from tangram.bus import Bus, BusConfig, ConsumerSpec, Poison, redact_url
+from tangram.bus.client import inbox_prefix
 from tangram.events import (
     CLAIMS_STREAM,
     DEADLETTER_STREAM,
@@ -427,3 +428,14 @@ async def test_follow_goes_on_after_the_server_restarts(nats_server: NatsServer,
         stop.set()
         await task
     assert seen == [first.event_id, second.event_id]  # nothing lost, nothing twice
+
+
+@pytest.mark.parametrize(
+    ("servers", "name", "prefix"),
+    [
+        (("nats://node-gpu-1:s3cret@nats:4222",), "discovery", "_INBOX_node-gpu-1"),
+        (("nats://nats:4222",), "cdi@gpu-1.lab", "_INBOX_cdi-gpu-1-lab"),  # no user: the connection name
+    ],
+)
+def test_replies_arrive_on_the_users_own_inbox(servers: tuple[str, ...], name: str, prefix: str) -> None:
+    assert inbox_prefix(BusConfig(servers=servers, name=name, producer=name)) == prefix

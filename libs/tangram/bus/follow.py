@@ -81,6 +81,8 @@ class Follower:
                 with contextlib.suppress(nats.errors.Error):
                     await self._bus.nats.publish(msg.reply, b"")
             return
+        if not (msg.reply or "").startswith("$JS.ACK."):
+            return  # another status from the server: the silence check restarts if it matters
         # Nothing to acknowledge (AckPolicy.NONE): marked acked so that dead-lettering it sends no
         # term, which the reader's permissions refuse (acks are only for its own durables).
         msg._ackd = True
