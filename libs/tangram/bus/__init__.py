@@ -14,7 +14,7 @@ from tangram.bus.declarations import (
     partitioner_consumer,
 )
 from tangram.bus.errors import BusError, Poison, Retry
-from tangram.bus.leader import LeaderLease, LeadershipLost
+from tangram.bus.leader import LeaderLease, LeadershipLost, current_leader
 
 __all__ = [
     "STREAMS",
@@ -32,6 +32,7 @@ __all__ = [
     "allocator_consumer",
     "allocator_log_sources",
     "allocator_results_consumer",
+    "current_leader",
     "node_claim_sources",
     "partition_result_subjects",
     "partitioner_consumer",

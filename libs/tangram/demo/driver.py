@@ -45,6 +45,7 @@ class Tracker:
 
     started: float
     out: Callable[[str], None]
+    watch: Callable[[Event], None] | None = None  # sees every event (the live fleet view)
     counts: Counter[str] = field(default_factory=Counter)
     decisions: dict[str, asyncio.Future[Event]] = field(default_factory=dict)
     inventories: dict[str, NodeInventory] = field(default_factory=dict)
@@ -61,6 +62,8 @@ class Tracker:
             self.counts["undecodable"] += 1
             return
         self.counts[event.type_name()] += 1
+        if self.watch is not None:
+            self.watch(event)
         now = time.monotonic()
         if isinstance(event, PartitionRequested):
             self.commanded[event.command_id] = now
@@ -195,10 +198,15 @@ async def wait_for_cluster(
 
 
 async def drive(
-    cluster: LocalCluster, *, duration_s: float, seed: int, out: Callable[[str], None]
+    cluster: LocalCluster,
+    *,
+    duration_s: float,
+    seed: int,
+    out: Callable[[str], None],
+    watch: Callable[[Event], None] | None = None,
 ) -> dict[str, Any]:
     started = time.monotonic()
-    tracker = Tracker(started=started, out=out)
+    tracker = Tracker(started=started, out=out, watch=watch)
     bus = await Bus.connect(BusConfig(servers=(cluster.url,), name="demo", producer="demo"), wait_s=10)
     subscription = await bus.nats.subscribe("tangram.>", cb=tracker.on_message)
     try:

@@ -1,0 +1,57 @@
+"""`tangram ui`: a read-only web view of the fleet, live from the bus, bound to loopback unless told."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+from tangram.bus import BusError
+from tangram.cli.logsource import add_nats_arguments, connect
+
+DEFAULT_LISTEN = "127.0.0.1:8484"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--listen",
+        default=DEFAULT_LISTEN,
+        metavar="HOST:PORT",
+        help=f"address to serve on (default {DEFAULT_LISTEN}; port 0 picks a free one)",
+    )
+    add_nats_arguments(parser)
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"--listen {text!r} is not HOST:PORT")
+    return host, int(port)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        host, port = parse_listen(args.listen)
+        asyncio.run(_serve(args, host, port))
+    except (ValueError, BusError, OSError) as error:
+        print(f"tangram ui: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+async def _serve(args: argparse.Namespace, host: str, port: int) -> None:
+    from tangram.fleetview.web import serve  # noqa: PLC0415
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    bus = await connect(args, "tangram-ui")
+    try:
+        await serve(
+            bus, host, port, stop=stop, ready=lambda url: print(f"tangram ui: serving {url}", flush=True)
+        )
+    finally:
+        await bus.close()
