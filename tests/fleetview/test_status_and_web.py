@@ -208,3 +208,44 @@ async def test_the_web_view_in_headless_chromium(bus: Bus, nats_server: NatsServ
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
     if os.environ.get("TANGRAM_UPDATE_SCREENSHOT") == "1":
         DOCS_SCREENSHOT.write_bytes(png)
+
+
+async def test_the_ui_service_serves_the_view_and_says_it_is_ready(bus: Bus, nats_server: NatsServer) -> None:
+    """What docker-compose runs: `python -m services.ui`, with health endpoints like every service."""
+    await publish_fleet(bus)
+    env = dict(os.environ, TANGRAM_NATS_URL=nats_server.url, TANGRAM_UI_LISTEN="127.0.0.1:0")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "services.ui",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    assert process.stdout is not None
+    try:
+        health = url = ""
+        while not (health and url):
+            line = json.loads(await asyncio.wait_for(process.stdout.readline(), 30))
+            health = health or (f"http://127.0.0.1:{line['health_port']}/" if "health_port" in line else "")
+            url = url or line.get("url", "")
+        async with aiohttp.ClientSession() as session:
+            async with session.get(health + "readyz") as response:
+                assert response.status == 200
+            async with session.get(url) as response:
+                assert response.status == 200 and "<title>Tangram fleet</title>" in await response.text()
+            async with session.post(url + "api/fleet") as response:
+                assert response.status == 405
+    finally:
+        process.terminate()
+        await asyncio.wait_for(process.wait(), 20)
+    assert process.returncode == 0
+
+
+def test_the_view_binds_to_loopback_unless_told() -> None:
+    from tangram.fleetview.web import DEFAULT_LISTEN, parse_listen
+
+    assert parse_listen(DEFAULT_LISTEN) == ("127.0.0.1", 8484)
+    assert parse_listen("[::1]:9000") == ("::1", 9000)
+    with pytest.raises(ValueError, match="listen address '8484' is not HOST:PORT"):
+        parse_listen("8484")

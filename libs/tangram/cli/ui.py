@@ -9,8 +9,7 @@ import sys
 
 from tangram.bus import BusError
 from tangram.cli.logsource import add_nats_arguments, connect
-
-DEFAULT_LISTEN = "127.0.0.1:8484"
+from tangram.fleetview.web import DEFAULT_LISTEN, parse_listen, serve
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,14 +20,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"address to serve on (default {DEFAULT_LISTEN}; port 0 picks a free one)",
     )
     add_nats_arguments(parser)
-
-
-def parse_listen(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"--listen {text!r} is not HOST:PORT")
-    return host, int(port)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,8 +33,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace, host: str, port: int) -> None:
-    from tangram.fleetview.web import serve  # noqa: PLC0415
-
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):

@@ -21,6 +21,7 @@ from tangram.bus import Bus
 from tangram.fleetview.collect import follow, services
 from tangram.fleetview.model import FleetView
 
+DEFAULT_LISTEN = "127.0.0.1:8484"
 READ_METHODS = frozenset({"GET", "HEAD"})
 PUSH_INTERVAL_S = 0.25  # at most four pictures a second per viewer, however busy the bus is
 KEEPALIVE_S = 15.0
@@ -111,6 +112,15 @@ async def serve(bus: Bus, host: str, port: int, *, stop: asyncio.Event, ready: C
         following.cancel()
         await asyncio.gather(following, return_exceptions=True)
         await runner.cleanup()
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """HOST:PORT (an IPv6 host in brackets); ValueError naming the flag's value otherwise."""
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"listen address {text!r} is not HOST:PORT")
+    return host, int(port)
 
 
 def _listen(host: str, port: int) -> socket.socket:
