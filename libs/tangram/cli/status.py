@@ -52,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
 
     from tangram.fleetview.terminal import fleet, services_table  # noqa: PLC0415
 
-    console = Console()
+    # Off a terminal (a pipe, a file) rich assumes 80 columns, too narrow for eight memory slices.
+    console = Console() if sys.stdout.isatty() else Console(width=160)
     console.print(fleet(view, recent_claims=50))
     console.print(services_table(health))
     return 0
