@@ -12,8 +12,11 @@ import msgspec
 
 from tangram.allocation import FleetState
 from tangram.allocation.ledger import Ledger
+from tangram.cli.explain import render
 from tangram.cli.logsource import device_classes
+from tangram.eventlog.explain import Explanation, losses_in
 from tangram.eventlog.records import EventLog, LogHeader, extents, record, write_log
+from tangram.eventlog.replay import Outcome
 from tangram.events import (
     ClaimPrepared,
     Event,
@@ -121,3 +124,32 @@ def test_a_claim_no_node_can_take(tmp_path: Path) -> None:
     alternatives = report["understood"]["requests"][0]["alternatives"]  # type: ignore[index]
     assert alternatives[0]["device_class"] == "mig.gpu.tangram.dev"
     assert any('profile == "9g.999gb"' in s for s in alternatives[0]["selectors"])
+
+
+def test_fields_the_engine_adds_to_its_explanation_are_shown() -> None:
+    """A structured explanation (per node: score, demand-weighted loss) prints without code for it."""
+    candidates = [
+        {"node": "n1", "verdict": "fits", "demand_weighted_loss": 0.125, "terms": {"stranded": 0.1}},
+        {"node": "n2", "verdict": "rejected", "reason": "not enough free GPUs or MIG slices"},
+    ]
+    assert losses_in(candidates) == [0.125]
+    outcome = Outcome(status="allocated", node="n1", devices=["gpu-0"])
+    text = render(
+        Explanation(
+            claim="ml/x",
+            uid="u",
+            understood={},
+            recorded=outcome,
+            recomputed=outcome,
+            candidates=candidates,
+            scores={},
+            devices=[],
+            commands=[],
+            steps=[],
+            losses=losses_in(candidates),
+        )
+    )
+    assert "node=n1, verdict=fits, demand_weighted_loss=0.125" in text
+    assert "    stranded=0.1" in text
+    assert "node=n2, verdict=rejected, reason=not enough free GPUs or MIG slices" in text
+    assert "demand-weighted loss: 0.125" in text

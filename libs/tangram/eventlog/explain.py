@@ -136,7 +136,7 @@ def explain(
         devices=[msgspec.to_builtins(d) for d in claim_view.devices],
         commands=sorted(commands, key=lambda c: (c.gpu_index, c.start)),
         steps=_steps(claim_view.requested_at or target.time, claim_view),
-        losses=list(_losses(candidates)),
+        losses=losses_in(candidates),
     )
 
 
@@ -207,7 +207,7 @@ def _steps(start: datetime, claim: Any) -> list[Step]:
     ]
 
 
-def _losses(value: Any) -> list[Any]:
+def losses_in(value: Any) -> list[Any]:
     """Values under any key naming a loss, anywhere in the explanation, in order."""
     found: list[Any] = []
     if isinstance(value, dict):
@@ -215,10 +215,10 @@ def _losses(value: Any) -> list[Any]:
             if "loss" in str(key).lower() and not isinstance(item, dict | list):
                 found.append(item)
             else:
-                found.extend(_losses(item))
+                found.extend(losses_in(item))
     elif isinstance(value, list):
         for item in value:
-            found.extend(_losses(item))
+            found.extend(losses_in(item))
     return found
 
 
