@@ -372,6 +372,27 @@ class Bus:
                 with contextlib.suppress(Exception):
                     await self._js.delete_consumer(stream, consumer.name)
 
+    async def watch_messages(
+        self, stream: str, subjects: str, each: Callable[[Msg], None]
+    ) -> Callable[[], Awaitable[None]]:
+        """Every message stored on `subjects`, from the stream's start and then as stored, to `each`.
+
+        An ordered consumer: nothing is acked or left on the server. For a last-value stream this
+        keeps the values that later ones replace. Returns the function that stops watching.
+        """
+
+        async def deliver(msg: Msg) -> None:
+            each(msg)
+
+        sub = await self._api(
+            lambda: self._js.subscribe(
+                subjects, stream=stream, cb=deliver, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
+            ),
+            f"watch {subjects}",
+            retry_s=10,
+        )
+        return sub.unsubscribe
+
     async def last_per_subject(self, stream: str) -> list[RawStreamMsg]:
         """The last message stored on each subject of `stream`, by sequence.
 

@@ -7,15 +7,17 @@ import asyncio
 import json
 import shutil
 import sys
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tangram.demo.cluster import LocalCluster, SimNode
 from tangram.demo.driver import drive
 
 if TYPE_CHECKING:
     from tangram.demo.live import LiveFleet
+    from tangram.events import Event
 
 DEFAULT_NODES = ["node-a=hgx-h200", "node-b=h100-nvl-4x2"]
 
@@ -71,17 +73,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         cluster.start()
         with shown:
-            summary = asyncio.run(
-                drive(
-                    cluster,
-                    duration_s=args.duration,
-                    seed=args.seed,
-                    out=out,
-                    watch=live.on_event if live is not None else None,
-                )
-            )
+            summary = asyncio.run(_drive(cluster, args, out, live.on_event if live is not None else None))
         if args.record is not None:
-            asyncio.run(_record(cluster.url, args.record))
             print(f"tangram demo: log recorded in {args.record}", flush=True)
     except (RuntimeError, OSError) as error:
         print(f"tangram demo: {error}", file=sys.stderr)
@@ -111,13 +104,29 @@ def _live_view() -> LiveFleet:
     return LiveFleet()
 
 
-async def _record(url: str, path: Path) -> None:
+async def _drive(
+    cluster: LocalCluster,
+    args: argparse.Namespace,
+    out: Callable[[str], None],
+    watch: Callable[[Event], None] | None,
+) -> dict[str, Any]:
+    """The run; with --record, its log, with every inventory stored during the run (not only the last)."""
+    if args.record is None:
+        return await drive(cluster, duration_s=args.duration, seed=args.seed, out=out, watch=watch)
     from tangram.bus import Bus, BusConfig  # noqa: PLC0415
-    from tangram.eventlog.export import export_log  # noqa: PLC0415
+    from tangram.eventlog.export import InventoryRecorder, export_log  # noqa: PLC0415
     from tangram.eventlog.records import write_log  # noqa: PLC0415
 
-    bus = await Bus.connect(BusConfig(servers=(url,), name="demo-record", producer="demo"), wait_s=10)
+    bus = await Bus.connect(BusConfig(servers=(cluster.url,), name="demo-record", producer="demo"), wait_s=10)
+    recorder = InventoryRecorder()
     try:
-        write_log(path, await export_log(bus, source=url))
+        await bus.ensure_streams()
+        await recorder.start(bus)
+        summary = await drive(cluster, duration_s=args.duration, seed=args.seed, out=out, watch=watch)
+        await recorder.stop()
+        log = await export_log(bus, source=cluster.url, inventory_history=recorder.records)
+        write_log(args.record, log)
+        return summary
     finally:
+        await recorder.stop()
         await bus.close()
