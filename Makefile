@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck layers unit venv proto clean schema
+.PHONY: demo test lint typecheck layers unit venv proto clean schema chromium
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,8 +27,15 @@ typecheck: $(STAMP)
 layers: $(STAMP)
 	$(BIN)/lint-imports
 
-unit: $(STAMP)
+unit: $(STAMP) chromium
 	$(BIN)/pytest -q
+
+# The web view's screenshot test drives headless Chromium (Debian's package). Installed once, as
+# root with apt; nothing is done when it is already there.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+		apt-get update -qq >/dev/null && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 test: lint typecheck layers unit
 

@@ -15,7 +15,7 @@ from tangram.bus.declarations import (
     partitioner_consumer,
 )
 from tangram.bus.errors import BusError, Poison, Retry
-from tangram.bus.leader import LeaderLease, LeadershipLost
+from tangram.bus.leader import LeaderLease, LeadershipLost, current_leader
 
 __all__ = [
     "STREAMS",
@@ -33,6 +33,7 @@ __all__ = [
     "allocator_consumer",
     "allocator_log_sources",
     "allocator_results_consumer",
+    "current_leader",
     "node_claim_sources",
     "node_partition_subjects",
     "partition_result_subjects",

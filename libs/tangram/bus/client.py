@@ -12,6 +12,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -28,6 +29,7 @@ from nats.js.api import (
     DiscardPolicy,
     KeyValueConfig,
     PubAck,
+    RawStreamMsg,
     RetentionPolicy,
     StorageType,
     StreamConfig,
@@ -312,9 +314,41 @@ class Bus:
     ) -> AsyncIterator[tuple[int, Event]]:
         """Events of `stream` in stream order, from a sequence or a time, up to the end as of the call.
 
+        Undecodable messages are logged and skipped: a replay reads history, it does not judge it.
+        """
+        async for sequence, msg in self.replay_messages(
+            stream, start_seq=start_seq, start_time=start_time, subjects=subjects
+        ):
+            try:
+                event = decode(msg.data)
+            except EventDecodeError as exc:
+                log.warning(
+                    "skipping undecodable message in replay",
+                    extra={"stream": stream, "sequence": sequence, "error": str(exc)},
+                )
+                continue
+            # A rebuild believes what a live reader would: the live path dead-lettered it.
+            refused = admission(msg.subject, event)
+            if refused is not None:
+                log.warning(
+                    "skipping refused event in replay",
+                    extra={"stream": stream, "sequence": sequence, "reason": refused},
+                )
+                continue
+            yield sequence, event
+
+    async def replay_messages(
+        self,
+        stream: str,
+        *,
+        start_seq: int | None = None,
+        start_time: datetime | None = None,
+        subjects: Sequence[str] = (),
+    ) -> AsyncIterator[tuple[int, Msg]]:
+        """The stored messages of `stream` as they are (subject, bytes, headers), in stream order.
+
         A push consumer delivers to a private inbox with flow control: several times faster than
         pulling, which matters when a service rebuilds its state from the whole log at start.
-        Undecodable messages are logged and skipped: a replay reads history, it does not judge it.
         """
         info = await self._api(lambda: self._js.stream_info(stream), f"stream info {stream}", retry_s=10)
         last_seq = info.state.last_seq
@@ -370,23 +404,7 @@ class Bus:
                     sequence, pending = _delivery_position(msg)
                     if sequence > last_seq:
                         return
-                    try:
-                        event = decode(msg.data)
-                    except EventDecodeError as exc:
-                        log.warning(
-                            "skipping undecodable message in replay",
-                            extra={"stream": stream, "sequence": sequence, "error": str(exc)},
-                        )
-                    else:
-                        # A rebuild believes what a live reader would: the live path dead-lettered it.
-                        refused = admission(msg.subject, event)
-                        if refused is None:
-                            yield sequence, event
-                        else:
-                            log.warning(
-                                "skipping refused event in replay",
-                                extra={"stream": stream, "sequence": sequence, "reason": refused},
-                            )
+                    yield sequence, msg
                     if pending == 0 or sequence >= last_seq:
                         return
         finally:
@@ -395,6 +413,47 @@ class Bus:
             if consumer is not None:
                 with contextlib.suppress(Exception):
                     await self._js.delete_consumer(stream, consumer.name)
+
+    async def watch_messages(
+        self, stream: str, subjects: str, each: Callable[[Msg], None]
+    ) -> Callable[[], Awaitable[None]]:
+        """Every message stored on `subjects`, from the stream's start and then as stored, to `each`.
+
+        An ordered consumer: nothing is acked or left on the server. For a last-value stream this
+        keeps the values that later ones replace. Returns the function that stops watching.
+        """
+
+        async def deliver(msg: Msg) -> None:
+            each(msg)
+
+        sub = await self._api(
+            lambda: self._js.subscribe(
+                subjects, stream=stream, cb=deliver, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
+            ),
+            f"watch {subjects}",
+            retry_s=10,
+        )
+        return sub.unsubscribe
+
+    async def last_per_subject(self, stream: str) -> list[RawStreamMsg]:
+        """The last message stored on each subject of `stream`, by sequence.
+
+        For a last-value stream, read subject by subject: a replay from the first sequence can
+        miss a subject whose value is replaced while the replay runs.
+        """
+        info = await self._api(
+            lambda: self._js.stream_info(stream, subjects_filter=">"), f"stream info {stream}", retry_s=10
+        )
+        found: list[RawStreamMsg] = []
+        for subject in sorted(info.state.subjects or {}):
+            try:
+                read = partial(self._js.get_last_msg, stream, subject)
+                found.append(await self._api(read, f"last message on {subject}", retry_s=10))
+            except BusError as exc:
+                # Gone since the stream told its subjects (purged, or aged out): nothing to read.
+                if not isinstance(exc.__cause__, nats.js.errors.NotFoundError):
+                    raise
+        return sorted(found, key=lambda msg: msg.seq or 0)
 
     async def replay_into(
         self, sources: Sequence[tuple[str, Sequence[str]]], each: Callable[[Event], object]

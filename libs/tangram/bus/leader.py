@@ -97,3 +97,13 @@ async def _current_holder(kv: KeyValue, role: str) -> str:
     except (nats.errors.Error, nats.js.errors.Error):
         return "unknown"
     return entry.value.decode(errors="replace") if entry.value else "unknown"
+
+
+async def current_leader(bus: Bus, role: str, *, bucket: KeyValueSpec = LEADER_BUCKET) -> str | None:
+    """Who holds the role's lease now, or None when nobody does (or the bucket is not there yet)."""
+    try:
+        kv = await bus.jetstream.key_value(bucket.bucket)
+        entry = await kv.get(role)
+    except (nats.errors.Error, nats.js.errors.Error):
+        return None
+    return entry.value.decode(errors="replace") if entry.value else None

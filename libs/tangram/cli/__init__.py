@@ -16,6 +16,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "allocate": ("tangram.cli.allocate", "run the allocator offline over a fleet and a claim trace"),
     "mig": ("tangram.cli.mig", "show MIG layouts"),
     "nats-config": ("tangram.cli.nats_config", "write nats-server authorization with per-node permissions"),
+    "log": ("tangram.cli.log", "export the claim, node and inventory streams to a portable file"),
+    "replay": ("tangram.cli.replay", "decide a log's claims again offline and report divergences"),
+    "explain": ("tangram.cli.explain", "why a claim was placed where it was, or why it failed"),
+    "status": ("tangram.cli.status", "the fleet now: MIG layouts, NVLink domains, claims, services"),
+    "ui": ("tangram.cli.ui", "serve a read-only web view of the fleet, live from the bus"),
 }
 
 

@@ -7,9 +7,17 @@ import asyncio
 import json
 import shutil
 import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from tangram.demo.cluster import LocalCluster, SimNode
 from tangram.demo.driver import drive
+
+if TYPE_CHECKING:
+    from tangram.demo.live import LiveFleet
+    from tangram.events import Event
 
 DEFAULT_NODES = ["node-a=hgx-h200", "node-b=h100-nvl-4x2"]
 
@@ -25,6 +33,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=7, help="seed of the random claim churn")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, CDI specs)")
+    parser.add_argument(
+        "--events",
+        action="store_true",
+        help="print each event as a line instead of the live view (the default off a terminal)",
+    )
+    parser.add_argument(
+        "--record",
+        type=Path,
+        metavar="FILE",
+        help="write the run's log (as `tangram log export`) when it ends",
+    )
 
 
 def _nodes(specs: list[str]) -> list[SimNode]:
@@ -42,15 +61,22 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("tangram demo: --duration must not be negative")
     cluster = LocalCluster(_nodes(args.node or DEFAULT_NODES))
 
+    live = None if args.events or not sys.stdout.isatty() else _live_view()
+
     def out(line: str) -> None:
-        print(line, flush=True)
+        if live is None:
+            print(line, flush=True)
 
     print(f"tangram demo: work folder {cluster.workdir}", flush=True)
     exit_codes: dict[str, int] = {}
+    shown: AbstractContextManager[object] = live if live is not None else nullcontext()
     try:
         cluster.start()
-        summary = asyncio.run(drive(cluster, duration_s=args.duration, seed=args.seed, out=out))
-    except RuntimeError as error:
+        with shown:
+            summary = asyncio.run(_drive(cluster, args, out, live.on_event if live is not None else None))
+        if args.record is not None:
+            print(f"tangram demo: log recorded in {args.record}", flush=True)
+    except (RuntimeError, OSError) as error:
         print(f"tangram demo: {error}", file=sys.stderr)
         for service in cluster.processes:
             print(f"  log of {service.name}: {service.log_path}", file=sys.stderr)
@@ -70,3 +96,37 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {key}: {value}")
     healthy = summary["clean_shutdown"] and summary["undecided"] == 0 and summary["prepare_failed"] == 0
     return 0 if healthy else 1
+
+
+def _live_view() -> LiveFleet:
+    from tangram.demo.live import LiveFleet  # noqa: PLC0415 - the terminal library only on a terminal
+
+    return LiveFleet()
+
+
+async def _drive(
+    cluster: LocalCluster,
+    args: argparse.Namespace,
+    out: Callable[[str], None],
+    watch: Callable[[Event], None] | None,
+) -> dict[str, Any]:
+    """The run; with --record, its log, with every inventory stored during the run (not only the last)."""
+    if args.record is None:
+        return await drive(cluster, duration_s=args.duration, seed=args.seed, out=out, watch=watch)
+    from tangram.bus import Bus, BusConfig  # noqa: PLC0415
+    from tangram.eventlog.export import InventoryRecorder, export_log  # noqa: PLC0415
+    from tangram.eventlog.records import write_log  # noqa: PLC0415
+
+    bus = await Bus.connect(BusConfig(servers=(cluster.url,), name="demo-record", producer="demo"), wait_s=10)
+    recorder = InventoryRecorder()
+    try:
+        await bus.ensure_streams()
+        await recorder.start(bus)
+        summary = await drive(cluster, duration_s=args.duration, seed=args.seed, out=out, watch=watch)
+        await recorder.stop()
+        log = await export_log(bus, source=cluster.url, inventory_history=recorder.records)
+        write_log(args.record, log)
+        return summary
+    finally:
+        await recorder.stop()
+        await bus.close()

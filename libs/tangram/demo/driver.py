@@ -45,9 +45,11 @@ class Tracker:
 
     started: float
     out: Callable[[str], None]
+    watch: Callable[[Event], None] | None = None  # sees every event (the live fleet view)
     counts: Counter[str] = field(default_factory=Counter)
     decisions: dict[str, asyncio.Future[Event]] = field(default_factory=dict)
     inventories: dict[str, NodeInventory] = field(default_factory=dict)
+    discovered: set[str] = field(default_factory=set)  # nodes whose discovery service has published
     destroy_requested: set[str] = field(default_factory=set)
     destroy_done: set[str] = field(default_factory=set)
     mig_created: int = 0
@@ -65,6 +67,8 @@ class Tracker:
     def on_event(self, event: Event) -> None:
         """One event, from a core subscription or from following a stream (under permissions)."""
         self.counts[event.type_name()] += 1
+        if self.watch is not None:
+            self.watch(event)
         now = time.monotonic()
         if isinstance(event, PartitionRequested):
             self.commanded[event.command_id] = now
@@ -74,6 +78,8 @@ class Tracker:
         match event:
             case NodeInventory(hardware=hw):
                 self.inventories[hw.node] = event
+                if event.producer == f"discovery@{hw.node}":
+                    self.discovered.add(hw.node)
             case ClaimAllocated(uid=uid) | ClaimFailed(uid=uid):
                 future = self.decisions.get(uid)
                 if future is not None and not future.done():
@@ -173,10 +179,12 @@ def _listening(path: Path) -> bool:
 async def wait_for_cluster(
     cluster: LocalCluster, bus: Bus, tracker: Tracker, timeout_s: float = 60.0
 ) -> None:
-    """Every node's inventory is stored and every node's kubelet plugin is listening.
+    """Every node's discovery has published its inventory and every kubelet plugin is listening.
 
     Inventories are read from the stream (last value per node), not only from what the tracker
-    saw: a node may have published before the tracker subscribed.
+    saw: a node may have published before the tracker subscribed. The partitioner publishes
+    inventories too, so an inventory alone does not say that discovery is up; a run that ended
+    before discovery were up would stop it before it could take SIGTERM gracefully.
     """
     deadline = time.monotonic() + timeout_s
     while True:
@@ -186,23 +194,30 @@ async def wait_for_cluster(
         async for _, event in bus.replay(INVENTORY_STREAM):
             if isinstance(event, NodeInventory):
                 tracker.inventories.setdefault(event.hardware.node, event)
-        missing = [n.name for n in cluster.nodes if n.name not in tracker.inventories]
+                if event.producer == f"discovery@{event.hardware.node}":
+                    tracker.discovered.add(event.hardware.node)
+        missing = [n.name for n in cluster.nodes if n.name not in tracker.discovered]
         silent = [n.name for n in cluster.nodes if not _listening(cluster.dra_socket(n.name))]
         if not missing and not silent:
             return
         if time.monotonic() > deadline:
             raise RuntimeError(
-                f"cluster not ready after {timeout_s:g}s: no inventory from {missing or 'none'}, "
+                f"cluster not ready after {timeout_s:g}s: no discovery inventory from {missing or 'none'}, "
                 f"no kubelet plugin socket on {silent or 'none'}"
             )
         await asyncio.sleep(0.2)
 
 
 async def drive(
-    cluster: LocalCluster, *, duration_s: float, seed: int, out: Callable[[str], None]
+    cluster: LocalCluster,
+    *,
+    duration_s: float,
+    seed: int,
+    out: Callable[[str], None],
+    watch: Callable[[Event], None] | None = None,
 ) -> dict[str, Any]:
     started = time.monotonic()
-    tracker = Tracker(started=started, out=out)
+    tracker = Tracker(started=started, out=out, watch=watch)
     bus = await Bus.connect(BusConfig(servers=(cluster.url,), name="demo", producer="demo"), wait_s=10)
     subscription = await bus.nats.subscribe("tangram.>", cb=tracker.on_message)
     try:

@@ -1,0 +1,221 @@
+"""Re-run the allocator's decisions over a log, offline, and compare them with what was recorded.
+
+Pure: no I/O. The events are folded in the order they were stored (by time across the streams,
+by sequence within one), through the same Ledger the allocator folds at start. Each claim request
+is decided again; the recomputed decision is compared with the recorded one (status, node,
+devices). When they differ, the recorded decision is adopted before going on, so that one
+divergence is reported once instead of leaking into every later decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+
+import msgspec
+
+from tangram import __version__
+from tangram.allocation import DeviceClass, FleetState, Policy
+from tangram.allocation.ledger import Ledger
+from tangram.eventlog.records import LOG_STREAMS, EventLog, LogRecord
+from tangram.events import (
+    ClaimAllocated,
+    ClaimFailed,
+    ClaimRequested,
+    Event,
+    EventDecodeError,
+    NodeInventory,
+    admission,
+    decode,
+)
+
+
+class Outcome(msgspec.Struct, frozen=True, kw_only=True):
+    """A decision reduced to what replay compares."""
+
+    status: str  # "allocated" | "failed" | "none" (no decision)
+    node: str | None = None
+    devices: list[str] = []
+    reason: str | None = None
+
+    @classmethod
+    def of(cls, event: Event | None) -> Outcome:
+        match event:
+            case ClaimAllocated():
+                return cls(status="allocated", node=event.node, devices=[d.device for d in event.devices])
+            case ClaimFailed():
+                return cls(status="failed", reason=event.reason)
+            case _:
+                return cls(status="none")
+
+
+class Divergence(msgspec.Struct, frozen=True, kw_only=True):
+    claim: str  # namespace/name
+    uid: str
+    request_seq: int  # sequence of the ClaimRequested in the claims stream
+    recorded_seq: int | None  # sequence of the recorded decision, None when there is none
+    differs: list[str]  # which of status, node, devices differ
+    recorded: Outcome
+    recomputed: Outcome
+
+
+class ReplayReport(msgspec.Struct, kw_only=True):
+    events: int
+    undecodable: int
+    claims_decided: int
+    divergences: list[Divergence]
+    recorded_version: str
+    replayed_version: str = __version__
+
+    @property
+    def version_changed(self) -> bool:
+        return self.recorded_version != self.replayed_version
+
+
+@dataclass(frozen=True)
+class Stored:
+    record: LogRecord
+    event: Event
+
+
+@dataclass(frozen=True)
+class OrderedLog:
+    events: list[Stored]
+    undecodable: list[LogRecord]
+    # Per claim uid, the first decision recorded (a later ClaimFailed is a failure after it).
+    decisions: dict[str, Stored]
+
+    def decision_of(self, uid: str) -> Stored | None:
+        return self.decisions.get(uid)
+
+
+def ordered(log: EventLog) -> OrderedLog:
+    """The log's events in the order they happened: stored time across streams, sequence within.
+
+    The inventory stream keeps one value per node, stored whenever the node last changed: a node's
+    first inventory in the log stands for its state from the beginning, later ones from their time.
+    """
+    rank = {name: position for position, name in enumerate(LOG_STREAMS)}
+    decoded: list[Stored] = []
+    undecodable: list[LogRecord] = []
+    for item in log.records:
+        try:
+            event = decode(item.body)
+        except EventDecodeError:
+            undecodable.append(item)
+            continue
+        # The allocator never believed an event its subject may not carry; neither does replay.
+        if admission(item.subject, event) is None:
+            decoded.append(Stored(item, event))
+        else:
+            undecodable.append(item)
+    first_inventory: set[int] = set()
+    seen_nodes: set[str] = set()
+    for position, stored in enumerate(decoded):
+        if isinstance(stored.event, NodeInventory) and stored.event.hardware.node not in seen_nodes:
+            seen_nodes.add(stored.event.hardware.node)
+            first_inventory.add(position)
+    decoded_order = sorted(
+        range(len(decoded)),
+        key=lambda i: (
+            i not in first_inventory,
+            decoded[i].record.time,
+            rank.get(decoded[i].record.stream, len(rank)),
+            decoded[i].record.seq,
+        ),
+    )
+    events = [decoded[i] for i in decoded_order]
+    decisions: dict[str, Stored] = {}
+    for stored in events:
+        if isinstance(stored.event, ClaimAllocated | ClaimFailed):
+            decisions.setdefault(stored.event.uid, stored)
+    return OrderedLog(events=events, undecodable=undecodable, decisions=decisions)
+
+
+# Called with the ledger as it stood just before a claim request was decided again.
+BeforeDecision = Callable[[Ledger, Stored], None]
+
+
+def replay(
+    log: EventLog,
+    classes: Mapping[str, DeviceClass],
+    policy: Policy = "tangram",
+    *,
+    before_decision: BeforeDecision | None = None,
+) -> ReplayReport:
+    events = ordered(log)
+    ledger = Ledger(fleet=FleetState(), classes=classes, policy=policy, producer="replay")
+    divergences: list[Divergence] = []
+    decided = 0
+    for stored in _fold(events, ledger):
+        request = stored.event
+        assert isinstance(request, ClaimRequested)
+        if before_decision is not None:
+            before_decision(ledger, stored)
+        outputs = ledger.apply(request)
+        recomputed = next((o for o in outputs if isinstance(o, ClaimAllocated | ClaimFailed)), None)
+        if recomputed is None:
+            continue  # decided before (a redelivered request): nothing new, as live
+        decided += 1
+        recorded = events.decision_of(request.uid)
+        divergence = _compare(stored, recorded, recomputed)
+        if divergence is None:
+            continue
+        divergences.append(divergence)
+        _adopt_recorded(ledger, request.uid, recorded)
+    return ReplayReport(
+        events=len(events.events),
+        undecodable=len(events.undecodable),
+        claims_decided=decided,
+        divergences=divergences,
+        recorded_version=log.header.tangram_version,
+    )
+
+
+def _fold(events: OrderedLog, ledger: Ledger) -> Iterator[Stored]:
+    """Folds every event the allocator folds; yields the claim requests for the caller to decide."""
+    for stored in events.events:
+        event = stored.event
+        if isinstance(event, ClaimRequested):
+            yield stored
+        elif isinstance(event, ClaimAllocated | ClaimFailed) and events.decision_of(event.uid) is stored:
+            continue  # the recorded decision: compared (and adopted on divergence) at its request
+        else:
+            # Partition commands, prepare results and health are not the allocator's input; the
+            # Ledger ignores them as the allocator's consumers never see them.
+            ledger.apply(event, live=False)
+
+
+def _compare(request: Stored, recorded: Stored | None, recomputed: Event) -> Divergence | None:
+    want = Outcome.of(recorded.event if recorded else None)
+    got = Outcome.of(recomputed)
+    differs = [
+        name
+        for name, a, b in (
+            ("status", want.status, got.status),
+            ("node", want.node, got.node),
+            ("devices", want.devices, got.devices),
+        )
+        if a != b
+    ]
+    if not differs:
+        return None
+    event = request.event
+    assert isinstance(event, ClaimRequested)
+    return Divergence(
+        claim=f"{event.namespace}/{event.name}",
+        uid=event.uid,
+        request_seq=request.record.seq,
+        recorded_seq=recorded.record.seq if recorded else None,
+        differs=differs,
+        recorded=want,
+        recomputed=got,
+    )
+
+
+def _adopt_recorded(ledger: Ledger, uid: str, recorded: Stored | None) -> None:
+    """Undo the recomputed decision and take the recorded one, as a restarted allocator would."""
+    ledger.fleet.release(uid, destroy_mig=False)
+    ledger.decided.pop(uid, None)
+    if recorded is not None:
+        ledger.apply(recorded.event, live=False)
