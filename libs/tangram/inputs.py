@@ -85,7 +85,10 @@ def load_yaml_documents(text: str, source: str) -> Iterator[Document]:
     # depth is measured on the text first (brackets inside strings can only make it look deeper).
     if nesting_depth_exceeds(text.encode("utf-8", "surrogatepass"), MAX_YAML_DEPTH):
         raise InputError(f"{source}: nested deeper than {MAX_YAML_DEPTH} levels")
-    loader = _BoundedLoader(text, source)
+    try:
+        loader = _BoundedLoader(text, source)  # reads (and may refuse) the first characters
+    except yaml.YAMLError as exc:
+        raise InputError(f"{source}: not valid YAML: {_one_line(exc)}") from None
     try:
         index = 0
         while loader.check_node():
