@@ -45,6 +45,7 @@ TEXTS = {
     "not-a-mapping": "- 1\n- 2\n",
     "syntax": "a: [1,\n",
     "text": "just words\n",
+    "control": "\x1f- {name: n, machine: l40s-8}\n",
 }
 
 
@@ -108,6 +109,7 @@ CASES = [
     Case("allocate-fifo-fleet", allocate("fifo", "trace"), "expected a non-empty YAML list of nodes"),
     Case("allocate-fleet-not-nodes", allocate("not-a-mapping", "trace"), "needs name (string) and machine"),
     Case("allocate-trace-syntax", allocate("fleet", "syntax"), "not valid YAML"),
+    Case("allocate-control-character", allocate("control", "trace"), "special characters are not allowed"),
     Case("allocate-trace-text", allocate("fleet", "text"), "document [0] (line 1): expected a mapping"),
     Case(
         "allocate-duplicate-name",
