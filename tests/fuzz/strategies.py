@@ -16,6 +16,9 @@ from hypothesis import strategies as st
 
 _EXAMPLES = os.environ.get("TANGRAM_FUZZ_EXAMPLES")
 
+# A longer search needs a longer per-test timeout than the suite's 120 s (a second per example).
+TIMEOUT_S = 120 + (int(_EXAMPLES) if _EXAMPLES else 0)
+
 FUZZ = settings(
     max_examples=int(_EXAMPLES) if _EXAMPLES else 12,
     derandomize=_EXAMPLES is None,

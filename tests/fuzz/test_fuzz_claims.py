@@ -10,6 +10,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -21,7 +22,9 @@ from tangram.k8s.deviceclasses import load_shipped_device_classes
 from tests.allocator.helpers import hardware
 from tests.cel.devices import h100, mig_3g
 
-from .strategies import FUZZ, hostile_values, json_values, text
+from .strategies import FUZZ, TIMEOUT_S, hostile_values, json_values, text
+
+pytestmark = pytest.mark.timeout(TIMEOUT_S)
 
 CLASSES = {c.name: c for c in (DeviceClass.from_manifest(m) for m in load_shipped_device_classes())}
 ATTRIBUTE = 'device.attributes["gpu.tangram.dev"]'

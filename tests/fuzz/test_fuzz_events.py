@@ -13,7 +13,9 @@ from tangram.events import EVENT_TYPES, Event, EventDecodeError, decode, encode
 from tangram.events.codec import MAX_DEPTH, nesting_depth_exceeds
 from tests.events.samples import every_event
 
-from .strategies import FUZZ, depths, hostile_values, text, valid_json, with_deep
+from .strategies import FUZZ, TIMEOUT_S, depths, hostile_values, text, valid_json, with_deep
+
+pytestmark = pytest.mark.timeout(TIMEOUT_S)
 
 SAMPLES = {type(e).type_name(): e for e in every_event()}
 

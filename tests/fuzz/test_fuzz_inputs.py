@@ -6,6 +6,7 @@ import re
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -14,7 +15,9 @@ from tangram.cli.allocate import load_fleet, load_trace
 from tangram.hardware.machines import MachineError, parse_machine
 from tangram.inputs import InputError, load_yaml_documents
 
-from .strategies import FUZZ, json_values, text
+from .strategies import FUZZ, TIMEOUT_S, json_values, text
+
+pytestmark = pytest.mark.timeout(TIMEOUT_S)
 
 # YAML's own punctuation, so that generated documents reach the composer and constructor.
 yaml_pieces = st.sampled_from(
