@@ -244,14 +244,17 @@ def _run(args: argparse.Namespace) -> int:
             classes[item.name] = item
             continue
         claim = item
+        # The same claim asked again while it holds devices gets its decision again, counted once.
+        repeated = by_key.get(claim.key) == claim.uid
         started = time.perf_counter()
         decision = fleet.allocate(claim, classes, args.policy, explain=args.explain)
         timings.append(time.perf_counter() - started)
         line: dict[str, Any] = {"claim": claim.key}
         if isinstance(decision, Allocated):
-            admitted += 1
+            if not repeated:
+                admitted += 1
+                nvlink.count(decision)
             by_key[claim.key] = claim.uid
-            nvlink.count(decision)
             line.update(
                 status="allocated", node=decision.node, devices=[_device_json(d) for d in decision.devices]
             )
