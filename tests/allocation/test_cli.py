@@ -80,3 +80,17 @@ def test_bad_fleet_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str
     trace.write_text(TRACE)
     assert main(["allocate", "--fleet", str(fleet), "--trace", str(trace)]) == 2
     assert "node [0]: needs name (string) and machine" in capsys.readouterr().err
+
+
+def test_a_claim_asked_again_gets_the_same_decision_counted_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("- {name: l, machine: l40s-8}\n")
+    trace = tmp_path / "trace.yaml"
+    first = TRACE.split("---", maxsplit=1)[0]
+    trace.write_text(first + "---" + first)
+    assert main(["allocate", "--fleet", str(fleet), "--trace", str(trace)]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert lines[0]["devices"] == lines[1]["devices"] and lines[1]["status"] == "allocated"
+    assert lines[2]["summary"]["admitted"] == 1 and lines[2]["summary"]["free_gpus"] == 6

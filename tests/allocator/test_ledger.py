@@ -5,13 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+import pytest
 
 from tangram.allocation import DeviceClass, FleetState
 from tangram.allocation.ledger import Ledger
+from tangram.cdi import InvalidName, validate_claim_uid
 from tangram.events import (
     ClaimAllocated,
     ClaimFailed,
     ClaimReleased,
+    ClaimRequested,
     Event,
     MigPlacement,
     NodeInventory,
@@ -303,3 +306,24 @@ def test_a_rebuilt_ledger_still_knows_which_node_each_command_went_to() -> None:
     assert rebuilt.fleet.allocation(allocated.uid) is not None
     genuine = _partition_failure(command, allocated.uid)
     assert rebuilt.unanswered(genuine) is None
+
+
+@pytest.mark.parametrize(
+    "uid",
+    ["../../../etc/cron.d/x", "a" * 300, "claim\n", "Claim-1", "a/b", "..", "x\x00y"],
+    ids=["path", "300-chars", "newline", "upper-case", "slash", "dot-dot", "nul"],
+)
+def test_a_claim_uid_the_node_would_refuse_fails_and_holds_no_device(uid: str) -> None:
+    book = ledger()
+    book.apply(inventory("l40s-8", "n1"), live=False)
+    bad = ClaimRequested(key="bad-claim", namespace="team", name="bad", uid=uid, spec=gpus(8))
+    [failed] = book.apply(bad)
+    assert isinstance(failed, ClaimFailed) and failed.uid == uid
+    assert "neither an RFC 4122 UUID nor a DNS label" in failed.reason
+    assert "no node can prepare it" in failed.reason
+    assert book.fleet.metrics().free_gpus == 8
+    # The node applies the same rule: what the allocator refuses, the kubelet plugin refuses too.
+    with pytest.raises(InvalidName):
+        validate_claim_uid(uid)
+    [allocated] = book.apply(request(2, gpus(8)))
+    assert isinstance(allocated, ClaimAllocated) and len(allocated.devices) == 8

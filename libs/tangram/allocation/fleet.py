@@ -35,6 +35,7 @@ from tangram.allocation.templates import DeviceTemplates
 from tangram.dra.model import Device
 from tangram.events.catalogue import AllocatedDevice
 from tangram.events.inventory import MigPlacement, NodeHardware
+from tangram.k8s.names import InvalidName, validate_claim_uid
 
 TANGRAM_NODES_COMPARED = 16  # feasible nodes Tangram compares when none has the ideal GPU set
 _FILTERED = "not enough free GPUs or MIG slices"
@@ -126,6 +127,12 @@ class FleetState:
         held = self._held.get(claim.uid)
         if held is not None:
             return held.decision
+        try:
+            validate_claim_uid(claim.uid)
+        except InvalidName as error:
+            # The node names CDI files after the uid and refuses this one: holding devices for it
+            # would hold them for a claim that can never be prepared.
+            return Failed(claim_uid=claim.uid, reason=f"invalid claim: {error}; no node can prepare it")
         try:
             spec = parse_claim_spec(claim.spec)
         except ValueError as error:

@@ -165,6 +165,6 @@ async def _bench(claims: int, concurrency: int) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     if args.claims < 1 or args.concurrency < 1:
-        raise SystemExit("--claims and --concurrency must be at least 1")
+        raise SystemExit("tangram bench prepare: --claims and --concurrency must be at least 1")
     print(json.dumps(asyncio.run(_bench(args.claims, args.concurrency))))
     return 0

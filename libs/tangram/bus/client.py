@@ -35,16 +35,34 @@ from nats.js.api import (
     StreamConfig,
 )
 
-from tangram.bus.declarations import KEY_VALUES, STREAMS, ConsumerSpec, KeyValueSpec, StreamSpec
+from tangram.bus.deadletters import dead_letter
+from tangram.bus.declarations import (
+    KEY_VALUES,
+    STREAMS,
+    STREAMS_BY_NAME,
+    ConsumerSpec,
+    KeyValueSpec,
+    StreamSpec,
+)
 from tangram.bus.errors import BusError, Poison, Retry
 from tangram.bus.follow import Follower
-from tangram.bus.metrics import CONSUMED, DEAD_LETTERS, DUPLICATES, HANDLE_SECONDS, PUBLISHED
-from tangram.events import DeadLetter, Event, EventDecodeError, admission, decode, encode, subject_token
+from tangram.bus.metrics import CONSUMED, DEAD_LETTERS, DUPLICATES, HANDLE_SECONDS, PUBLISHED, SKIPPED
+from tangram.events import (
+    DEADLETTER_STREAM,
+    Event,
+    EventDecodeError,
+    admission,
+    decode,
+    encode,
+)
 
 log = logging.getLogger("tangram.bus")
 
 T = TypeVar("T")
 Handler = Callable[[Event], Awaitable[None]]
+
+# Room left in a message for the headers a publish adds (Nats-Msg-Id) and the protocol line.
+_PUBLISH_HEADROOM = 1024
 
 # Failures worth waiting out: the server is restarting, or a reply was lost on the way.
 _TRANSIENT: tuple[type[BaseException], ...] = (
@@ -322,18 +340,12 @@ class Bus:
             try:
                 event = decode(msg.data)
             except EventDecodeError as exc:
-                log.warning(
-                    "skipping undecodable message in replay",
-                    extra={"stream": stream, "sequence": sequence, "error": str(exc)},
-                )
+                _skipped(stream, "undecodable", msg.subject, sequence, exc)
                 continue
             # A rebuild believes what a live reader would: the live path dead-lettered it.
             refused = admission(msg.subject, event)
             if refused is not None:
-                log.warning(
-                    "skipping refused event in replay",
-                    extra={"stream": stream, "sequence": sequence, "reason": refused},
-                )
+                _skipped(stream, "wrong-subject", msg.subject, sequence, ValueError(refused))
                 continue
             yield sequence, event
 
@@ -458,11 +470,18 @@ class Bus:
     async def replay_into(
         self, sources: Sequence[tuple[str, Sequence[str]]], each: Callable[[Event], object]
     ) -> int:
-        """Replay each (stream, subjects) in turn into `each`; returns how many events it saw."""
+        """Replay each (stream, subjects) in turn into `each`; returns how many events it saw.
+
+        An event `each` raises on is reported and skipped: a start-up that stops at one bad event
+        of the log would stop at it again on every restart.
+        """
         count = 0
         for stream, subjects in sources:
-            async for _, event in self.replay(stream, subjects=subjects):
-                each(event)
+            async for sequence, event in self.replay(stream, subjects=subjects):
+                try:
+                    each(event)
+                except Exception as exc:
+                    _skipped(stream, "refused", event.subject, sequence, exc)
                 count += 1
         return count
 
@@ -600,27 +619,38 @@ class Bus:
 
     async def _dead_letter(self, spec: ConsumerSpec, msg: Msg, reason: str) -> None:
         meta = msg.metadata
-        letter = DeadLetter(
-            key=subject_token(spec.durable),
-            producer=self.config.producer,
+        letter = dead_letter(
             consumer=spec.durable,
-            original_subject=msg.subject,
-            original_stream=meta.stream,
-            original_sequence=meta.sequence.stream,
+            producer=self.config.producer,
+            subject=msg.subject,
+            stream=meta.stream,
+            sequence=meta.sequence.stream,
             deliveries=meta.num_delivered,
             reason=reason,
             data=msg.data,
             headers=dict(msg.headers or {}),
+            max_bytes=self._dead_letter_budget(),
         )
         await self.publish(letter)
         DEAD_LETTERS.labels(spec.durable).inc()
         CONSUMED.labels(spec.durable, "dead_letter").inc()
         log.error(
             "message sent to dead letter",
-            extra={"consumer": spec.durable, "sequence": meta.sequence.stream, "reason": reason},
+            extra={
+                "consumer": spec.durable,
+                "sequence": meta.sequence.stream,
+                "reason": letter.reason,
+                "by_reference": letter.truncated,
+            },
         )
         with contextlib.suppress(nats.errors.Error):
             await msg.term()
+
+    def _dead_letter_budget(self) -> int:
+        """The largest encoded dead letter the server and the dead-letter stream both accept."""
+        stream_limit = STREAMS_BY_NAME[DEADLETTER_STREAM].max_msg_size
+        server_limit = self._nc.max_payload or stream_limit
+        return min(stream_limit, server_limit) - _PUBLISH_HEADROOM
 
     async def close(self) -> None:
         """Drain: finish in-flight work, flush publishes, then close."""
@@ -634,6 +664,22 @@ class Bus:
             await self._nc.drain()
         if not self._nc.is_closed:
             await self._nc.close()
+
+
+def _skipped(stream: str, why: str, subject: str, sequence: int, error: BaseException) -> None:
+    """Report a message a replay or follow goes past; a durable consumer dead-letters it instead."""
+    SKIPPED.labels(stream, why).inc()
+    log.warning(
+        "skipping a message of the log",
+        extra={
+            "stream": stream,
+            "why": why,
+            "subject": subject,
+            "sequence": sequence,
+            "error": f"{type(error).__name__}: {error}"[:500],
+        },
+        exc_info=why == "refused",  # a fold that raises is a bug to find; bad bytes are not
+    )
 
 
 def _delivery_position(msg: Msg) -> tuple[int, int]:

@@ -9,6 +9,11 @@ DUPLICATES = Counter("tangram_bus_duplicates_total", "Publishes JetStream report
 CONSUMED = Counter(
     "tangram_bus_consumed_total", "Messages handled by a consumer, by outcome", ["consumer", "outcome"]
 )
+SKIPPED = Counter(
+    "tangram_bus_skipped_total",
+    "Messages a replay or follow went past: undecodable, or refused by the state they fold into",
+    ["stream", "why"],
+)
 DEAD_LETTERS = Counter("tangram_bus_dead_letters_total", "Messages sent to the dead letter", ["consumer"])
 HANDLE_SECONDS = Histogram(
     "tangram_bus_handle_seconds",

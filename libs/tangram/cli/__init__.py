@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 # subcommand -> (module, one-line help). A module defines `add_arguments(parser)` and `run(args) -> int`.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -24,8 +26,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors as one line, like every other error of the command (`--help` shows the usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tangram", description="Tangram: GPU DRA driver tooling")
+    parser = OneLineParser(prog="tangram", description="Tangram: GPU DRA driver tooling")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     wanted = next((a for a in argv if not a.startswith("-")), None)
     for name, (module_name, help_text) in COMMANDS.items():
@@ -40,7 +49,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(args_list)
     args = parser.parse_args(args_list)
     module = importlib.import_module(COMMANDS[args.command][0])
-    result: int = module.run(args)
+    try:
+        result: int = module.run(args)
+    except KeyboardInterrupt:
+        print(f"tangram {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # Whoever read stdout stopped (`| head`); point stdout at nothing so the exit flush is quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except Exception as exc:
+        # Each command reports the errors it expects as one line naming the problem; this is the
+        # last line of defence, still one line, never a traceback.
+        text = " ".join(str(exc).split())[:500] or "(no message)"
+        print(f"tangram {args.command}: unexpected error: {type(exc).__name__}: {text}", file=sys.stderr)
+        return 70
     return result
 
 

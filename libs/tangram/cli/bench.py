@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from tangram.cli import OneLineParser
+
 # benchmark -> module defining add_arguments(parser) and run(args) -> int
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "bus": ("tangram.bench.bus", "JetStream publish/consume throughput and latency vs plain nats-py"),
@@ -24,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     module_name, help_text = BENCHMARKS[args.benchmark]
     # Import only the benchmark asked for: each pulls in its own dependencies.
     module = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(prog=f"tangram bench {args.benchmark}", description=help_text)
+    parser = OneLineParser(prog=f"tangram bench {args.benchmark}", description=help_text)
     module.add_arguments(parser)
     result: int = module.run(parser.parse_args(args.options))
     return result

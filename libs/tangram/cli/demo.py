@@ -14,12 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 from tangram.demo.cluster import LocalCluster, SimNode
 from tangram.demo.driver import drive
+from tangram.events import InvalidKey, subject_token
+from tangram.hardware.machines import MachineError, load_machine
 
 if TYPE_CHECKING:
     from tangram.demo.live import LiveFleet
     from tangram.events import Event
 
 DEFAULT_NODES = ["node-a=hgx-h200", "node-b=h100-nvl-4x2"]
+MAX_DURATION_S = 24 * 3600.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,18 +50,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _nodes(specs: list[str]) -> list[SimNode]:
+    """The simulated nodes, each name and machine checked before any process starts."""
     nodes = []
     for spec in specs:
         name, sep, machine = spec.partition("=")
         if not sep or not name or not machine:
             raise SystemExit(f"tangram demo: --node {spec!r} is not NAME=MACHINE")
+        try:
+            subject_token(name)
+            load_machine(machine)
+        except (InvalidKey, MachineError) as error:
+            raise SystemExit(f"tangram demo: --node {spec!r}: {error}") from None
         nodes.append(SimNode(name, machine))
     return nodes
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.duration < 0:
-        raise SystemExit("tangram demo: --duration must not be negative")
+    if not 0 <= args.duration <= MAX_DURATION_S:
+        raise SystemExit(f"tangram demo: --duration must be from 0 to {MAX_DURATION_S:.0f} seconds")
     cluster = LocalCluster(_nodes(args.node or DEFAULT_NODES))
 
     live = None if args.events or not sys.stdout.isatty() else _live_view()

@@ -10,6 +10,7 @@ from tangram.hardware.machines import MachineError
 from tangram.hardware.migdiagram import render_node
 from tangram.nvml import NvmlUnavailable, open_backend
 from tangram.nvml.inventory import read_node_hardware
+from tangram.nvml.sim.state import StateFileError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,8 +32,11 @@ def run(args: argparse.Namespace) -> int:
             hw = read_node_hardware(nvml, args.node)
         finally:
             nvml.nvmlShutdown()
-    except (NvmlUnavailable, MachineError) as exc:
+    except (NvmlUnavailable, MachineError, StateFileError) as exc:
         print(f"tangram mig show: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"tangram mig show: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     sys.stdout.write(render_node(hw))
     return 0

@@ -68,11 +68,17 @@ def write_secret(path: Path, text: str) -> None:
 
 
 def user_url(server_url: str, user: str, password: str) -> str:
-    parts = urlsplit(server_url)
+    shown = server_url[:200]
+    try:
+        parts = urlsplit(server_url)
+        port_number = parts.port  # raises on a port out of range or not a number
+    except ValueError as exc:
+        raise NatsAuthError(f"--server-url {shown!r} is not a NATS URL: {exc}") from None
     if parts.scheme not in ("nats", "tls", "ws", "wss") or not parts.hostname:
-        raise NatsAuthError(f"{server_url!r} is not a NATS URL (nats://host:port)")
-    port = f":{parts.port}" if parts.port else ""
-    return urlunsplit(parts._replace(netloc=f"{user}:{password}@{parts.hostname}{port}"))
+        raise NatsAuthError(f"--server-url {shown!r} is not a NATS URL (nats://host:port)")
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    port = f":{port_number}" if port_number else ""
+    return urlunsplit(parts._replace(netloc=f"{user}:{password}@{host}{port}"))
 
 
 def _tls(args: argparse.Namespace) -> TlsFiles | None:
@@ -82,6 +88,11 @@ def _tls(args: argparse.Namespace) -> TlsFiles | None:
         return None
     if args.tls_cert is None or args.tls_key is None:
         raise NatsAuthError("TLS needs both --tls-cert and --tls-key")
+    if args.tls_verify and args.tls_ca is None:
+        raise NatsAuthError("--tls-verify needs --tls-ca: the CA that signs the client certificates")
+    for flag, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key), ("--tls-ca", args.tls_ca)):
+        if path is not None and not path.is_file():
+            raise NatsAuthError(f"{flag} {path}: no such file (nats-server would not start)")
     return TlsFiles(args.tls_cert, args.tls_key, args.tls_ca, args.tls_verify)
 
 
@@ -92,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
             raise NatsAuthError(
                 "--out FILE is required: the server config holds passwords, so it is only written to a file"
             )
+        if args.out.is_dir():
+            raise NatsAuthError(f"--out {args.out} is a directory; name the config file to write")
         tls = _tls(args)
         names = user_names(args.node)
         existing = {
@@ -101,21 +114,26 @@ def run(args: argparse.Namespace) -> int:
         }
         users = build_users(args.node, existing)
         urls = {user.name: user_url(args.server_url, user.name, user.password) for user in users}
+        if args.block_only:
+            config = render_users(users)
+        else:
+            config = render_server_config(users, store_dir=args.store_dir, tls=tls)
     except NatsAuthError as exc:
         print(f"tangram nats-config: {exc}", file=sys.stderr)
         return 2
-    if args.block_only:
-        config = render_users(users)
-    else:
-        config = render_server_config(users, store_dir=args.store_dir, tls=tls)
     written: list[Path] = []
-    for user in users:
-        for suffix, text in ((".password", user.password), (".url", urls[user.name])):
-            path = args.credentials_dir / f"{user.name}{suffix}"
-            write_secret(path, text + "\n")
-            written.append(path)
-    write_secret(args.out, config)
-    written.append(args.out)
+    try:
+        for user in users:
+            for suffix, text in ((".password", user.password), (".url", urls[user.name])):
+                path = args.credentials_dir / f"{user.name}{suffix}"
+                write_secret(path, text + "\n")
+                written.append(path)
+        write_secret(args.out, config)
+        written.append(args.out)
+    except OSError as exc:
+        where = exc.filename if exc.filename is not None else args.credentials_dir
+        print(f"tangram nats-config: cannot write {where}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     reused = len(existing)
     print(
         f"wrote {len(written)} files ({len(users)} users, {reused} existing passwords kept): "

@@ -176,6 +176,15 @@ def _listening(path: Path) -> bool:
     return True
 
 
+def _discovery_has_published(cluster: LocalCluster, node: str) -> bool:
+    """Discovery's own log says so: its inventory may already be replaced by the partitioner's."""
+    try:
+        log_text = cluster.service(f"discovery@{node}").log_path.read_text(errors="replace")
+    except (StopIteration, OSError):
+        return False
+    return '"inventory published"' in log_text
+
+
 async def wait_for_cluster(
     cluster: LocalCluster, bus: Bus, tracker: Tracker, timeout_s: float = 60.0
 ) -> None:
@@ -196,6 +205,9 @@ async def wait_for_cluster(
                 tracker.inventories.setdefault(event.hardware.node, event)
                 if event.producer == f"discovery@{event.hardware.node}":
                     tracker.discovered.add(event.hardware.node)
+        for node in cluster.nodes:
+            if node.name not in tracker.discovered and _discovery_has_published(cluster, node.name):
+                tracker.discovered.add(node.name)
         missing = [n.name for n in cluster.nodes if n.name not in tracker.discovered]
         silent = [n.name for n in cluster.nodes if not _listening(cluster.dra_socket(n.name))]
         if not missing and not silent:

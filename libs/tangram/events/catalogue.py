@@ -186,7 +186,12 @@ class DeviceHealthChanged(Event, tag="device.health", frozen=True, kw_only=True)
 
 
 class DeadLetter(Event, tag="dead.letter", frozen=True, kw_only=True):
-    """A message a consumer could not handle, kept with the reason and its original bytes."""
+    """A message a consumer could not handle, kept with the reason and its original bytes.
+
+    A message too large to be carried whole in a dead letter is kept by reference: its stream
+    sequence finds it while the stream holds it, and `size` and `sha256` identify it; `data`
+    then holds only its first bytes and `truncated` is set.
+    """
 
     stream: ClassVar[str] = DEADLETTER_STREAM
     subject_pattern: ClassVar[str] = "tangram.deadletter.{key}"  # key = consumer durable name
@@ -199,6 +204,9 @@ class DeadLetter(Event, tag="dead.letter", frozen=True, kw_only=True):
     reason: str
     data: bytes  # base64 in JSON
     headers: dict[str, str] = {}
+    size: int = -1  # bytes of the original message; -1 in letters written before it was recorded
+    sha256: str = ""  # hex digest of the original message
+    truncated: bool = False  # data is a prefix of the original message
 
 
 AnyEvent = (

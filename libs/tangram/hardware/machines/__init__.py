@@ -10,10 +10,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tangram.hardware.catalogue import PRODUCTS, GpuProduct
+from tangram.inputs import InputError, read_yaml
 
 _PCI_BUS_ID = r"^[0-9a-fA-F]{8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$"
 
@@ -169,14 +169,14 @@ def load_machine(name_or_path: str | Path) -> MachineSpec:
         path = _package_dir() / f"{text}.yaml"
     else:
         path = Path(text)
-        if not path.is_file():
+        if not path.exists():
             raise MachineError(
-                f"no machine named {text!r} and no such file; shipped: {', '.join(list_machines())}"
+                f"no machine named {text[:80]!r} and no such file; shipped: {', '.join(list_machines())}"
             )
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise MachineError(f"machine {path}: cannot read: {exc}") from None
+        data = read_yaml(path, "machine")
+    except InputError as exc:
+        raise MachineError(str(exc)) from None
     return parse_machine(data, source=str(path))
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import msgspec
 
+from tangram.inputs import InputError, read_bytes
+
 STATE_VERSION = 1
 
 
@@ -120,13 +122,15 @@ class StateStore:
 
     def _read(self) -> SimState | None:
         assert self._path is not None
-        try:
-            raw = self._path.read_bytes()
-        except FileNotFoundError:
+        if not self._path.exists():
             return None
         try:
+            raw = read_bytes(self._path, "state file")
+        except InputError as exc:
+            raise StateFileError(str(exc)) from None
+        try:
             state = msgspec.json.decode(raw, type=SimState)
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:
             raise StateFileError(f"state file {self._path} is not a simulator state: {exc}") from None
         if state.version != STATE_VERSION:
             raise StateFileError(
