@@ -154,7 +154,7 @@ CASES = [
         "--tls-verify needs --tls-ca",
     ),
     Case("nats-missing-cert", nats("--tls-cert", "@missing", "--tls-key", "@fleet"), "--tls-cert"),
-    Case("nats-bad-node", lambda f: ["nats-config", "--node", "../a"], "is not a valid node name"),
+    Case("nats-bad-node", nats("--node", "../a"), "is not a valid node name"),
     Case(
         "nats-out-directory",
         lambda f: [
