@@ -10,6 +10,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tangram.cdi.simroot import lay_out_driver_root
+from tangram.hardware.machines import load_machine
 from tangram.natsserver import NatsServer
 
 
@@ -57,6 +59,10 @@ class LocalCluster:
         self._spawn("allocator", ["services.allocator"], {})
         for node in self.nodes:
             (self.workdir / node.name).mkdir(parents=True, exist_ok=True)
+            # A simulated node has no driver install; lay one out so its CDI specs are complete.
+            driver_root = lay_out_driver_root(
+                self.workdir / node.name / "driver-root", load_machine(node.machine).driver_version
+            )
             env = {"TANGRAM_NODE_NAME": node.name}
             sim = ["--sim", node.machine, "--state-file", str(self.state_file(node.name))]
             self._spawn(f"discovery@{node.name}", ["services.discovery", *sim, "--refresh", "2"], env)
@@ -70,7 +76,7 @@ class LocalCluster:
                     "--cdi-dir",
                     str(self.cdi_dir(node.name)),
                     "--driver-root",
-                    str(self.workdir / node.name / "driver-root"),
+                    str(driver_root),
                 ],
                 env,
             )
