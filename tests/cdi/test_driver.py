@@ -110,7 +110,7 @@ def test_whole_gpu_spec_file_by_file(tmp_path: Path, driver_root: Path) -> None:
         {"name": f"{UID}-gpu-3", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia3"}]}}
     ]
     assert spec["containerEdits"] == {
-        "env": ["NVIDIA_VISIBLE_DEVICES=GPU-d"],
+        "env": ["NVIDIA_VISIBLE_DEVICES=void", "TANGRAM_VISIBLE_DEVICES=GPU-d"],
         "deviceNodes": [
             {"path": "/dev/nvidiactl"},
             {"path": "/dev/nvidia-uvm"},
@@ -155,7 +155,7 @@ def test_mig_instance_spec_from_a_driver_container_root(tmp_path: Path, driver_r
     ]
     edits = spec["containerEdits"]
     assert isinstance(edits, dict)
-    assert edits["env"] == ["NVIDIA_VISIBLE_DEVICES=MIG-e"]
+    assert edits["env"] == ["NVIDIA_VISIBLE_DEVICES=void", "TANGRAM_VISIBLE_DEVICES=MIG-e"]
     assert edits["deviceNodes"] == [
         {"path": node, "hostPath": f"{host}{node}"}
         for node in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")

@@ -119,10 +119,14 @@ def build_spec(
 ) -> dict[str, Any]:
     """The CDI spec of one claim: one CDI device per allocated device, common edits at spec level.
 
-    NVIDIA_VISIBLE_DEVICES lists every device of the claim at spec level because CDI applies an env
-    edit per injected device and the last one would win; a list per device cannot express a set.
+    The claim's device list is set at spec level because CDI applies an env edit per injected
+    device and the last one would win; a list per device cannot express a set. With `driver` the
+    spec carries the driver itself, so NVIDIA_VISIBLE_DEVICES is "void" as in the toolkit's specs:
+    a node whose default runtime is the legacy nvidia one then injects nothing on top (CUDA images
+    set it to "all"), and the list goes to TANGRAM_VISIBLE_DEVICES. Without `driver` the spec
+    carries device nodes only and NVIDIA_VISIBLE_DEVICES names the claim's devices for a runtime
+    that injects the driver itself.
     The resolved allocation is kept as an annotation so the spec alone suffices to rebuild state.
-    Without `driver` the spec carries device nodes only (for a runtime that injects the driver itself).
     """
     uid = validate_claim_uid(allocation.claim.uid)
     if not allocation.devices:
@@ -147,7 +151,11 @@ def build_spec(
         },
         "devices": devices,
         "containerEdits": {
-            "env": [f"NVIDIA_VISIBLE_DEVICES={visible}"],
+            "env": (
+                [f"NVIDIA_VISIBLE_DEVICES={visible}"]
+                if driver is None
+                else ["NVIDIA_VISIBLE_DEVICES=void", f"TANGRAM_VISIBLE_DEVICES={visible}"]
+            ),
             "deviceNodes": [_device_node(path, driver_root) for path in CONTROL_DEVICE_NODES],
         },
     }
