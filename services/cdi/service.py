@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from services.cdi.settings import CdiSettings
 from tangram.bus import node_claim_sources
-from tangram.events import INVENTORY_STREAM, ClaimPrepared, ClaimUnprepared, subject_token
+from tangram.cdi.driver import DriverFiles, discover_driver
+from tangram.events import (
+    INVENTORY_STREAM,
+    ClaimPrepared,
+    ClaimUnprepared,
+    Event,
+    NodeInventory,
+    subject_token,
+)
 from tangram.kubelet import InMemoryAllocationSource, PluginConfig, build_plugin
 from tangram.service import ServiceContext, first, follow_all, settle
 
@@ -18,27 +27,54 @@ def follow_sources(node: str) -> list[tuple[str, tuple[str, ...]]]:
     return [(INVENTORY_STREAM, (f"tangram.inventory.{subject_token(node)}",)), *node_claim_sources(node)]
 
 
+async def find_driver(settings: CdiSettings, nvml_version: str | None) -> DriverFiles:
+    """The driver files the specs mount; DriverRootError (fatal at start) rather than a partial spec."""
+    root = settings.driver_root_mount or settings.driver_root
+    driver = await asyncio.to_thread(discover_driver, root, expected_version=nvml_version)
+    log.info(
+        "driver files found",
+        extra={
+            "driver_root": str(root),
+            "driver_version": driver.version,
+            "libraries": len(driver.libraries),
+            "binaries": len(driver.binaries),
+            "firmware": len(driver.firmware),
+        },
+    )
+    return driver
+
+
 async def run(ctx: ServiceContext, settings: CdiSettings) -> None:
     source = InMemoryAllocationSource(settings.node_name)
-    followers, caught_up = follow_all(
-        ctx.bus, follow_sources(settings.node_name), source.observe, stop=ctx.stop
-    )
+    nvml_version: list[str] = []  # the driver version discovery read from NVML, once its inventory is in
+
+    def observe(event: Event) -> None:
+        if isinstance(event, NodeInventory) and event.hardware.node == settings.node_name:
+            nvml_version[:] = [event.hardware.driver_version]
+        source.observe(event)
+
+    followers, caught_up = follow_all(ctx.bus, follow_sources(settings.node_name), observe, stop=ctx.stop)
     try:
         await first(caught_up, followers)
+        driver = await find_driver(settings, nvml_version[0] if nvml_version else None)
         config = PluginConfig(
             node_name=settings.node_name,
             driver_name=settings.driver_name,
             kubelet_root=settings.kubelet_root,
             cdi_dir=settings.cdi_dir,
             driver_root=settings.driver_root,
+            cdi_hook_path=settings.cdi_hook_path,
             resolve_timeout_s=settings.resolve_timeout_s,
         )
 
         async def publish(event: ClaimPrepared | ClaimUnprepared) -> None:
             await ctx.bus.publish(event)
 
-        plugin = await build_plugin(config, source, on_event=publish, producer=f"cdi@{settings.node_name}")
+        plugin = await build_plugin(
+            config, source, on_event=publish, producer=f"cdi@{settings.node_name}", driver=driver
+        )
         async with plugin:
+            ctx.readiness.append(plugin.registration_problem)
             ctx.ready.set()
             log.info("kubelet plugin serving", extra={"dra_socket": str(config.dra_socket)})
             await ctx.stop.wait()

@@ -17,7 +17,9 @@ class CdiSettings(NodeSettings):
     driver_name: str = DRIVER_NAME
     kubelet_root: Path = Path("/var/lib/kubelet")
     cdi_dir: Path = Path("/var/run/cdi")
-    driver_root: Path = Path("/")
+    driver_root: Path = Path("/")  # as the container runtime (on the host) sees it
+    driver_root_mount: Path | None = None  # where this container sees the driver root; default: driver_root
+    cdi_hook_path: Path = Path("/usr/bin/nvidia-cdi-hook")
     resolve_timeout_s: float = Field(default=30.0, gt=0, lt=KUBELET_CALL_TIMEOUT_S)
 
 
@@ -30,6 +32,12 @@ def parse_settings(argv: list[str] | None = None) -> CdiSettings:
     parser.add_argument("--cdi-dir", default=env("TANGRAM_CDI_DIR", "/var/run/cdi"))
     parser.add_argument("--driver-root", default=env("TANGRAM_DRIVER_ROOT", "/"))
     parser.add_argument(
+        "--driver-root-mount",
+        default=env("TANGRAM_DRIVER_ROOT_MOUNT") or None,
+        help="where this container sees the driver root (default: --driver-root)",
+    )
+    parser.add_argument("--cdi-hook-path", default=env("TANGRAM_CDI_HOOK_PATH", "/usr/bin/nvidia-cdi-hook"))
+    parser.add_argument(
         "--resolve-timeout", type=float, default=float(env("TANGRAM_RESOLVE_TIMEOUT", "30")), dest="resolve"
     )
     args = parser.parse_args(argv)
@@ -39,5 +47,7 @@ def parse_settings(argv: list[str] | None = None) -> CdiSettings:
         kubelet_root=args.kubelet_root,
         cdi_dir=args.cdi_dir,
         driver_root=args.driver_root,
+        driver_root_mount=args.driver_root_mount,
+        cdi_hook_path=args.cdi_hook_path,
         resolve_timeout_s=args.resolve,
     )

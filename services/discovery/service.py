@@ -109,6 +109,8 @@ async def _serve(
     await asyncio.to_thread(watcher.start)
     try:
         await publisher.refresh()
+        if slices is not None:
+            ctx.readiness.append(slices.readiness_problem)
         ctx.ready.set()
         while not ctx.stop.is_set():
             with contextlib.suppress(TimeoutError):

@@ -23,6 +23,8 @@ class DiscoverySettings(NodeSettings):
     kubeconfig: Path | None = None  # default: in-cluster service account, then $KUBECONFIG
     k8s_version: K8sVersion = "1.36"  # the API server's version decides the slice layout and limits
     driver: str = Field(default=DRIVER_NAME, min_length=1, max_length=63)
+    # Slices unsynced this long make the service not ready: the cluster's view of the node is stale.
+    slice_stale_s: float = Field(default=120.0, gt=0)
 
     @model_validator(mode="after")
     def _one_backend(self) -> DiscoverySettings:
@@ -54,6 +56,12 @@ def parse_settings(argv: list[str] | None = None) -> DiscoverySettings:
         help="API server version",
     )
     parser.add_argument("--driver", default=env("TANGRAM_DRIVER_NAME", DRIVER_NAME), help="DRA driver name")
+    parser.add_argument(
+        "--slice-stale",
+        type=float,
+        default=float(env("TANGRAM_SLICE_STALE_SECONDS", "120")),
+        help="not ready once ResourceSlices could not be synced for this long (seconds)",
+    )
     args = parser.parse_args(argv)
     return DiscoverySettings(
         **service_fields(args),  # type: ignore[arg-type]
@@ -66,4 +74,5 @@ def parse_settings(argv: list[str] | None = None) -> DiscoverySettings:
         kubeconfig=args.kubeconfig,
         k8s_version=args.k8s_version,
         driver=args.driver,
+        slice_stale_s=args.slice_stale,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 
 from prometheus_client import Counter
@@ -25,6 +26,22 @@ class SliceSync:
     def __init__(self, publisher: SlicePublisher, settings: DiscoverySettings) -> None:
         self._publisher = publisher
         self._settings = settings
+        self._failing_since: float | None = None  # monotonic time of the first failure since the last success
+        self._last_error = ""
+
+    def readiness_problem(self) -> str | None:
+        """Not ready once the slices have been out of sync for `slice_stale_s` (a readiness check)."""
+        if self._failing_since is None:
+            return None
+        stale_s = time.monotonic() - self._failing_since
+        if stale_s < self._settings.slice_stale_s:
+            return None
+        return f"ResourceSlices not synced for {stale_s:.0f} s: {self._last_error}"
+
+    def _failed(self, error: str) -> None:
+        if self._failing_since is None:
+            self._failing_since = time.monotonic()
+        self._last_error = error
 
     async def publish(self, hardware: NodeHardware, generation: int) -> SyncReport | None:
         """Sync the slices of `hardware`; None when they could not be rendered (logged, not sent)."""
@@ -37,11 +54,13 @@ class SliceSync:
                 driver=settings.driver,
             )
         except SliceRenderError as error:
+            self._failed(f"cannot render: {error}")
             SYNCS.labels("unrenderable").inc()
             log.error("ResourceSlices not published", extra={"error": str(error)})
             return None
         problems = check_limits(slices, settings.k8s_version)
         if problems:
+            self._failed("over the API server's limits: " + "; ".join(problems))
             SYNCS.labels("unrenderable").inc()
             log.error("ResourceSlices not published", extra={"error": "; ".join(problems)})
             return None
@@ -51,9 +70,12 @@ class SliceSync:
         report = await self._publisher.retry_if_due()
         return None if report is None else self._count(report)
 
-    @staticmethod
-    def _count(report: SyncReport) -> SyncReport:
+    def _count(self, report: SyncReport) -> SyncReport:
         SYNCS.labels("ok" if report.ok else "failed").inc()
+        if report.ok:
+            self._failing_since = None
+        else:
+            self._failed(report.error or "sync failed")
         return report
 
 

@@ -8,12 +8,16 @@ from typing import Any
 import msgspec
 
 from tangram.cdi.devices import ResolvedAllocation, ResolvedDevice
+from tangram.cdi.driver import DriverFiles
 from tangram.cdi.names import validate_cdi_kind, validate_claim_uid, validate_device_name
 from tangram.cdi.versions import minimum_version
 
 HOST_ROOT = PurePosixPath("/")
 # Device files every CUDA process needs besides the GPU's own.
 CONTROL_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+DEFAULT_HOOK_PATH = PurePosixPath("/usr/bin/nvidia-cdi-hook")
+# As the toolkit mounts driver files: read-only, and nothing in them may act as a device or setuid.
+DRIVER_MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
 
 
 class CdiKind(msgspec.Struct, frozen=True, kw_only=True):
@@ -66,18 +70,62 @@ def _device_paths(device: ResolvedDevice) -> list[str]:
     return paths
 
 
+def _hook(hook_path: PurePosixPath, *args: str) -> dict[str, Any]:
+    return {"hookName": "createContainer", "path": str(hook_path), "args": [hook_path.name, *args]}
+
+
+def driver_edits(
+    driver: DriverFiles,
+    *,
+    driver_root: PurePosixPath = HOST_ROOT,
+    hook_path: PurePosixPath = DEFAULT_HOOK_PATH,
+) -> dict[str, Any]:
+    """What every container of the node needs from the driver, whatever devices it gets.
+
+    Libraries keep their path inside the container so that the ldcache hook can index them; the
+    `libcuda.so` development link is made by a hook since the driver install itself may lack it.
+    """
+    mounts = [
+        {
+            "hostPath": str(driver_root / path.lstrip("/")),
+            "containerPath": path,
+            "options": list(DRIVER_MOUNT_OPTIONS),
+        }
+        for path in (*driver.libraries, *driver.binaries, *driver.firmware)
+    ]
+    libcuda_link = f"libcuda.so.1::{driver.library_dir}/libcuda.so"
+    return {
+        "deviceNodes": [_device_node(path, driver_root) for path in driver.control_nodes],
+        "mounts": mounts,
+        "hooks": [
+            _hook(hook_path, "create-symlinks", "--link", libcuda_link),
+            _hook(hook_path, "update-ldcache", "--folder", driver.library_dir),
+        ],
+    }
+
+
 ALLOCATION_ANNOTATION = "allocation"
 CLAIM_UID_ANNOTATION = "claim-uid"
 CLAIM_ANNOTATION = "claim"
 
 
 def build_spec(
-    allocation: ResolvedAllocation, *, kind: CdiKind, driver_root: PurePosixPath = HOST_ROOT
+    allocation: ResolvedAllocation,
+    *,
+    kind: CdiKind,
+    driver_root: PurePosixPath = HOST_ROOT,
+    driver: DriverFiles | None = None,
+    hook_path: PurePosixPath = DEFAULT_HOOK_PATH,
 ) -> dict[str, Any]:
     """The CDI spec of one claim: one CDI device per allocated device, common edits at spec level.
 
-    NVIDIA_VISIBLE_DEVICES lists every device of the claim at spec level because CDI applies an env
-    edit per injected device and the last one would win; a list per device cannot express a set.
+    The claim's device list is set at spec level because CDI applies an env edit per injected
+    device and the last one would win; a list per device cannot express a set. With `driver` the
+    spec carries the driver itself, so NVIDIA_VISIBLE_DEVICES is "void" as in the toolkit's specs:
+    a node whose default runtime is the legacy nvidia one then injects nothing on top (CUDA images
+    set it to "all"), and the list goes to TANGRAM_VISIBLE_DEVICES. Without `driver` the spec
+    carries device nodes only and NVIDIA_VISIBLE_DEVICES names the claim's devices for a runtime
+    that injects the driver itself.
     The resolved allocation is kept as an annotation so the spec alone suffices to rebuild state.
     """
     uid = validate_claim_uid(allocation.claim.uid)
@@ -103,10 +151,16 @@ def build_spec(
         },
         "devices": devices,
         "containerEdits": {
-            "env": [f"NVIDIA_VISIBLE_DEVICES={visible}"],
+            "env": (
+                [f"NVIDIA_VISIBLE_DEVICES={visible}"]
+                if driver is None
+                else ["NVIDIA_VISIBLE_DEVICES=void", f"TANGRAM_VISIBLE_DEVICES={visible}"]
+            ),
             "deviceNodes": [_device_node(path, driver_root) for path in CONTROL_DEVICE_NODES],
         },
     }
+    if driver is not None:
+        spec["containerEdits"].update(driver_edits(driver, driver_root=driver_root, hook_path=hook_path))
     spec["cdiVersion"] = minimum_version(spec)
     return spec
 

@@ -10,8 +10,10 @@ from typing import Any
 
 from tangram.cdi.atomic import atomic_write, remove_durably
 from tangram.cdi.devices import ResolvedAllocation
+from tangram.cdi.driver import DriverFiles
 from tangram.cdi.names import InvalidName, validate_claim_uid
 from tangram.cdi.spec import (
+    DEFAULT_HOOK_PATH,
     HOST_ROOT,
     CdiKind,
     allocation_from_spec,
@@ -28,10 +30,20 @@ CDI_DIR_MODE = 0o755
 
 
 class CdiSpecWriter:
-    def __init__(self, cdi_dir: Path, *, kind: CdiKind, driver_root: PurePosixPath = HOST_ROOT) -> None:
+    def __init__(
+        self,
+        cdi_dir: Path,
+        *,
+        kind: CdiKind,
+        driver_root: PurePosixPath = HOST_ROOT,
+        driver: DriverFiles | None = None,
+        hook_path: PurePosixPath = DEFAULT_HOOK_PATH,
+    ) -> None:
         self.cdi_dir = cdi_dir
         self.kind = kind
         self.driver_root = driver_root
+        self.driver = driver
+        self.hook_path = hook_path
 
     def ensure_dir(self) -> None:
         self.cdi_dir.mkdir(mode=CDI_DIR_MODE, parents=True, exist_ok=True)
@@ -45,7 +57,13 @@ class CdiSpecWriter:
         return path
 
     def render(self, allocation: ResolvedAllocation) -> dict[str, Any]:
-        spec = build_spec(allocation, kind=self.kind, driver_root=self.driver_root)
+        spec = build_spec(
+            allocation,
+            kind=self.kind,
+            driver_root=self.driver_root,
+            driver=self.driver,
+            hook_path=self.hook_path,
+        )
         validate_spec(spec)
         return spec
 

@@ -10,7 +10,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tangram.cdi.simroot import lay_out_driver_root
 from tangram.cli.nats_config import write_secret
+from tangram.hardware.machines import load_machine
 from tangram.natsauth import ADMIN_USER, ALLOCATOR_USER, build_users, node_user, render_users
 from tangram.natsserver import NatsServer
 
@@ -100,6 +102,10 @@ class LocalCluster:
         self._spawn("allocator", ["services.allocator"], {}, ALLOCATOR_USER)
         for node in self.nodes:
             (self.workdir / node.name).mkdir(parents=True, exist_ok=True)
+            # A simulated node has no driver install; lay one out so its CDI specs are complete.
+            driver_root = lay_out_driver_root(
+                self.workdir / node.name / "driver-root", load_machine(node.machine).driver_version
+            )
             env = {"TANGRAM_NODE_NAME": node.name}
             user = node_user(node.name)
             sim = ["--sim", node.machine, "--state-file", str(self.state_file(node.name))]
@@ -114,7 +120,7 @@ class LocalCluster:
                     "--cdi-dir",
                     str(self.cdi_dir(node.name)),
                     "--driver-root",
-                    str(self.workdir / node.name / "driver-root"),
+                    str(driver_root),
                 ],
                 env,
                 user,

@@ -22,6 +22,8 @@ class PluginConfig(BaseModel):
     kubelet_root: Path = Path("/var/lib/kubelet")
     cdi_dir: Path = Path("/var/run/cdi")
     driver_root: Path = Path("/")  # where the host's /dev is, seen from the container runtime
+    # The toolkit's hook binary, run by the container runtime on the host.
+    cdi_hook_path: Path = Path("/usr/bin/nvidia-cdi-hook")
     cdi_class: str = "claim"
     # Kubelet gives up after 45 s; answering with a per-claim error first lets it retry cleanly.
     resolve_timeout_s: float = Field(default=30.0, gt=0, lt=KUBELET_CALL_TIMEOUT_S)
@@ -36,7 +38,7 @@ class PluginConfig(BaseModel):
             raise ValueError(f"driver name {value!r} must be a DNS subdomain of at most 63 characters")
         return value
 
-    @field_validator("driver_root", "kubelet_root", "cdi_dir")
+    @field_validator("driver_root", "kubelet_root", "cdi_dir", "cdi_hook_path")
     @classmethod
     def _absolute(cls, value: Path) -> Path:
         if not value.is_absolute():

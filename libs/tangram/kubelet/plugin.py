@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 
 from tangram.cdi.checkpoint import CheckpointStore, read_boot_id
+from tangram.cdi.driver import DriverFiles
 from tangram.cdi.spec import CdiKind
 from tangram.cdi.writer import CdiSpecWriter
 from tangram.kubelet.allocations import AllocationSource
@@ -19,12 +20,18 @@ async def build_plugin(
     *,
     on_event: EventSink | None = None,
     producer: str = "cdi",
+    driver: DriverFiles | None = None,
 ) -> KubeletPlugin:
-    """A plugin whose prepared state is recovered and ready; call `start()` (or `async with`) to serve."""
+    """A plugin whose prepared state is recovered and ready; call `start()` (or `async with`) to serve.
+
+    With `driver`, specs also carry the driver's libraries, utilities and ldcache hooks.
+    """
     writer = CdiSpecWriter(
         config.cdi_dir,
         kind=CdiKind(vendor=config.driver_name, cls=config.cdi_class),
         driver_root=PurePosixPath(config.driver_root),
+        driver=driver,
+        hook_path=PurePosixPath(config.cdi_hook_path),
     )
     checkpoint = CheckpointStore(config.checkpoint_file, boot_id=read_boot_id(config.boot_id_path))
     preparer = ClaimPreparer(

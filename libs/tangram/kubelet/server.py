@@ -120,6 +120,21 @@ class KubeletPlugin:
         async with self._served:
             await self._served.wait_for(lambda: self.registrations_served >= count)
 
+    def registration_problem(self) -> str | None:
+        """Why kubelet cannot reach this plugin now (a readiness check), or None.
+
+        No word from kubelet yet is not a problem: kubelet may be slow, or absent in local mode.
+        """
+        if self._registration_server is None:
+            return "kubelet plugin is not serving"
+        if not self._registration_socket_intact():
+            return (
+                f"kubelet registration socket {self.config.registration_socket} is gone (registering again)"
+            )
+        if self.registration.notifications and not self.registration.registered:
+            return f"kubelet refused the plugin registration: {self.registration.error or 'no reason given'}"
+        return None
+
     def _registration_socket_intact(self) -> bool:
         try:
             return os.stat(self.config.registration_socket).st_ino == self._registration_inode

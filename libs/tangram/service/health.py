@@ -3,21 +3,31 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 log = logging.getLogger("tangram.health")
 
+# Why the service cannot do its work right now (shown in /readyz), or None when it can.
+ReadinessCheck = Callable[[], str | None]
+STARTING = "service is starting"
+
 
 class HealthServer:
-    """/healthz (process alive), /readyz (the service says it is ready), /metrics (Prometheus)."""
+    """/healthz (process alive), /readyz (started and every readiness check passes), /metrics.
 
-    def __init__(self, host: str, port: int, ready: Callable[[], bool]) -> None:
+    `checks` is read at each request, so checks a service adds after start count at once.
+    """
+
+    def __init__(
+        self, host: str, port: int, ready: Callable[[], bool], checks: Sequence[ReadinessCheck] = ()
+    ) -> None:
         self._host = host
         self._port = port
         self._ready = ready
+        self._checks = checks
         self._runner: web.AppRunner | None = None
         self.port = port
 
@@ -43,9 +53,21 @@ class HealthServer:
     async def _healthz(self, _: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
+    def not_ready_reasons(self) -> list[str]:
+        reasons = [] if self._ready() else [STARTING]
+        for check in self._checks:
+            try:
+                reason = check()
+            except Exception as error:  # a broken check must say so, not take the endpoint down
+                log.exception("readiness check failed")
+                reason = f"readiness check failed: {error}"
+            if reason:
+                reasons.append(reason)
+        return reasons
+
     async def _readyz(self, _: web.Request) -> web.Response:
-        ready = self._ready()
-        return web.json_response({"ready": ready}, status=200 if ready else 503)
+        reasons = self.not_ready_reasons()
+        return web.json_response({"ready": not reasons, "reasons": reasons}, status=503 if reasons else 200)
 
     async def _metrics(self, _: web.Request) -> web.Response:
         response = web.Response(body=generate_latest())

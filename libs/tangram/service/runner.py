@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from tangram.bus import Bus, BusConfig, redact_url
-from tangram.service.health import HealthServer
+from tangram.service.health import HealthServer, ReadinessCheck
 from tangram.service.logs import configure_logging
 from tangram.service.settings import ServiceSettings
 
@@ -27,6 +27,9 @@ class ServiceContext:
     bus: Bus
     stop: asyncio.Event
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    # Conditions /readyz also requires; a service appends what it depends on (kubelet, the API server).
+    readiness: list[ReadinessCheck] = field(default_factory=list)
+    health_port: int = 0  # where /healthz, /readyz and /metrics answer
 
 
 ServiceMain = Callable[[ServiceContext], Awaitable[None]]
@@ -50,16 +53,22 @@ async def serve(name: str, producer: str, settings: ServiceSettings, main: Servi
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     ready = asyncio.Event()
-    health = HealthServer(settings.health_host, settings.health_port, ready.is_set)
+    readiness: list[ReadinessCheck] = []
+    health = HealthServer(settings.health_host, settings.health_port, ready.is_set, readiness)
     await health.start()
     log.info(
         "service starting",
         extra={"health_port": health.port, "nats": [redact_url(u) for u in settings.nats_urls]},
     )
     bus = await Bus.connect(bus_config(settings, name=name, producer=producer))
+    readiness.append(lambda: None if bus.nats.is_connected else "NATS is unreachable (reconnecting)")
     try:
         await bus.ensure_streams()
-        await main(ServiceContext(name=name, bus=bus, stop=stop, ready=ready))
+        await main(
+            ServiceContext(
+                name=name, bus=bus, stop=stop, ready=ready, readiness=readiness, health_port=health.port
+            )
+        )
         log.info("service stopped")
         return 0
     except Exception:
