@@ -104,6 +104,7 @@ async def test_critical_xid_marks_the_gpu_unhealthy(bus: Bus, discovery: tuple[S
     assert [(h.gpu_uuid, h.healthy, h.xid) for h in health] == [(inventory.hardware.gpus[5].uuid, False, 79)]
 
 
+@pytest.mark.timeout(300)  # a cold interpreter start and a drained stop, on a loaded machine
 def test_entry_point_runs_as_a_process_and_stops_on_sigterm(nats_server: NatsServer, tmp_path: Path) -> None:
     env = dict(os.environ, TANGRAM_NATS_URL=nats_server.url, TANGRAM_NODE_NAME="n1")
     process = subprocess.Popen(
