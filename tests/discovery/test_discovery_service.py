@@ -122,7 +122,7 @@ def test_entry_point_runs_as_a_process_and_stops_on_sigterm(nats_server: NatsSer
                 break
         process.send_signal(signal.SIGTERM)
         # Bounded, and with the whole log in the failure: a stop that hangs says where it hung.
-        rest, _ = process.communicate(timeout=90)
+        _, rest = process.communicate(timeout=90)
         lines.extend(rest.splitlines(keepends=True))
     finally:
         if process.poll() is None:
