@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -99,6 +100,8 @@ def check_invariants(state: FleetState) -> None:
     assert all(count == 1 for count in owners.values())
 
 
+# CPU-bound examples: minutes on a loaded 2-core machine, seconds on an idle one.
+@pytest.mark.timeout(600)
 @settings(max_examples=40, deadline=None)
 @given(steps)
 def test_nothing_is_ever_over_committed(plan: list[tuple[Any, ...]]) -> None:
@@ -114,6 +117,8 @@ def test_nothing_is_ever_over_committed(plan: list[tuple[Any, ...]]) -> None:
             assert len(values) == 1
 
 
+# CPU-bound examples: minutes on a loaded 2-core machine, seconds on an idle one.
+@pytest.mark.timeout(600)
 @settings(max_examples=20, deadline=None)
 @given(steps, st.permutations(NODES))
 def test_same_input_same_output_whatever_the_inventory_order(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+import pytest
 from hypothesis import given, settings
 
 from tangram.allocation import Allocated, Claim, FleetState
@@ -29,6 +30,8 @@ def _availability(node: NodeState) -> tuple[Any, ...]:
     return (list(node.available), dict(node.occupied), dict(node.whole_free), node.bucket_key())
 
 
+# CPU-bound examples: minutes on a loaded 2-core machine, seconds on an idle one.
+@pytest.mark.timeout(600)
 @settings(max_examples=25, deadline=None)
 @given(steps)
 def test_rebuilt_fleet_has_the_same_availability_and_makes_the_same_decisions(

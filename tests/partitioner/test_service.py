@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import msgspec
+import pytest
 from nats.aio.msg import Msg
 
 from services.partitioner.service import run
@@ -39,7 +40,7 @@ class Inbox:
     async def deliver(self, msg: Msg) -> None:
         self.events.put_nowait(decode(msg.data))
 
-    async def next(self, kind: type[Event], timeout: float = 20.0) -> Event:
+    async def next(self, kind: type[Event], timeout: float = 60.0) -> Event:
         while True:
             event = await asyncio.wait_for(self.events.get(), timeout)
             if isinstance(event, kind):
@@ -80,6 +81,7 @@ async def _subscribe(bus: Bus, subject: str) -> Inbox:
     return inbox
 
 
+@pytest.mark.timeout(600)  # fifty commands, one at a time, on a loaded machine
 async def test_command_through_nats_is_applied_and_latency_measured(
     bus: Bus, nats_server: NatsServer, tmp_path: Path
 ) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tangram.demo.cluster import LocalCluster, SimNode
+from tangram.demo.display import render_summary
 from tangram.demo.driver import drive
 from tangram.events import InvalidKey, subject_token
 from tangram.hardware.machines import MachineError, load_machine
@@ -26,7 +27,13 @@ MAX_DURATION_S = 24 * 3600.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--duration", type=float, default=20.0, help="seconds of claim churn (default 20)")
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=20.0,
+        help="seconds of claims, counted from the first one once the cluster is up (default 20); "
+        "however short, the run still shows MIG instances created and destroyed by the churn",
+    )
     parser.add_argument("--json", action="store_true", help="end with one JSON summary object on stdout")
     parser.add_argument(
         "--node",
@@ -100,9 +107,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary))
     else:
-        print("\nsummary")
-        for key, value in summary.items():
-            print(f"  {key}: {value}")
+        print()
+        print(render_summary(summary))
     healthy = summary["clean_shutdown"] and summary["undecided"] == 0 and summary["prepare_failed"] == 0
     return 0 if healthy else 1
 
