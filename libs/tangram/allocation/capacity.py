@@ -83,17 +83,17 @@ def fit(want: Want, free_whole: int, occupied: tuple[int, ...]) -> int:
     total = 0
     for masks, used in zip(want.masks, occupied, strict=False):
         if masks:
-            total += _placements(masks, used)
+            total += placements_fit(masks, used)
     return total // want.count
 
 
 @lru_cache(maxsize=200_000)
-def _placements(masks: tuple[int, ...], used: int) -> int:
+def placements_fit(masks: tuple[int, ...], used: int) -> int:
     """The most disjoint placements among masks that avoid the used slices."""
     for position, mask in enumerate(masks):
         if mask & used == 0:
             rest = masks[position + 1 :]
-            return max(1 + _placements(rest, used | mask), _placements(rest, used))
+            return max(1 + placements_fit(rest, used | mask), placements_fit(rest, used))
     return 0
 
 

@@ -30,7 +30,7 @@ from tangram.allocation.model import (
 )
 from tangram.allocation.node import ExistingInstance, NodeState
 from tangram.allocation.placement import Choice, DemandIndex, fit_state, options_on
-from tangram.allocation.requests import Alternative, ClaimError, ResolvedClaim, resolve
+from tangram.allocation.requests import Alternative, ClaimError, ResolvedClaim, covers, resolve
 from tangram.allocation.shape import NodeShape, shape_signature
 from tangram.allocation.solver import Solution, solve
 from tangram.allocation.spec import DeviceClass, parse_claim_spec
@@ -279,6 +279,14 @@ class FleetState:
                 alt = request.alternatives[0]
                 if alt.node_scoped or alt.admin or alt.all_mode:
                     continue
+                if alt.count > sample.shape.largest_nvlink_set and any(
+                    rule.nvlink and covers(rule.requests, alt) for rule in claim.topology
+                ):
+                    shape_reason = (
+                        f'request "{alt.result_name}": at most {sample.shape.largest_nvlink_set} GPUs '
+                        "of this hardware are NVLink-connected pairwise"
+                    )
+                    break
                 kinds = {sample.shape.devices[d].kind for d in self._eligible_on(sample, alt).devices}
                 if kinds == {"gpu"}:
                     need_whole += alt.count
@@ -356,7 +364,7 @@ class FleetState:
         self._reindex_changed()
         rejected: dict[str, int] = {}
         ranked: list[Choice] | None = [] if explain else None
-        choice = self._index.choose(kind, self._nodes, lambda _: True, rejected, ranked)
+        choice = self._index.choose(kind, self._nodes, rejected, ranked)
         destroy: list[PartitionPlan] = []
         saved: set[tuple[int, int, int]] | None = None
         if choice is None:
@@ -449,7 +457,9 @@ class FleetState:
                         for d in option.devices
                     )
                 ]
-                loss = round(sum(weights[i] * lost for i, lost in self._index.delta(before, option)), 9)
+                loss = 0.0
+                for i, lost in self._index.delta(before, option):
+                    loss += weights[i] * lost
                 rank = (len(needed), loss, -option.quality, option.mode_changes, option.creates, option.leaves, key, option.devices)
                 choice = Choice(key, node, option, rank[1:], loss)
                 if ranked is not None:

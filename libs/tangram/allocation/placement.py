@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
 
-from tangram.allocation.capacity import FitState, Want, fit, want_on
+from tangram.allocation.capacity import FitState, Want, placements_fit, fit, want_on
 from tangram.allocation.demand import ClaimKind, Demand
 from tangram.allocation.eligibility import Eligible
 from tangram.allocation.model import CandidateScore, LossTerm
@@ -78,8 +78,7 @@ class DemandIndex:
         self.supply: list[int] = []
         self._fits: dict[FitState, tuple[int, ...]] = {}
         self._wants: dict[tuple[str, tuple[Any, ...]], Want | None] = {}
-        self._options: dict[tuple[Any, ...], tuple[Option, ...]] = {}
-        self._deltas: dict[tuple[Any, ...], tuple[tuple[int, int], ...]] = {}
+        self._options: dict[tuple[Any, ...], tuple[tuple[Option, tuple[tuple[int, int], ...]], ...]] = {}
         for kind in self.demand.kinds.values():
             self._track(kind)
 
@@ -135,7 +134,7 @@ class DemandIndex:
         self.tracked = sorted([*self.tracked, kind], key=lambda k: k.order)
         self._position = {k.key: i for i, k in enumerate(self.tracked)}
         self._fits.clear()
-        self._deltas.clear()
+        self._options.clear()
         self.supply = [0] * len(self.tracked)
         for key, members in self.groups.items():
             fits = self.fits(fit_state(key))
@@ -175,75 +174,107 @@ class DemandIndex:
 
     # --- options on a group ----------------------------------------------------------------------
 
-    def options(self, key: tuple[Any, ...], node: NodeState, kind: ClaimKind, want: Want) -> tuple[Option, ...]:
+    def options(
+        self, key: tuple[Any, ...], node: NodeState, kind: ClaimKind, want: Want
+    ) -> tuple[tuple[Option, tuple[tuple[int, int], ...]], ...]:
+        """The group's placements with what each takes from every kind, one per distinct outcome."""
         cache_key = (key, kind.key)
         found = self._options.get(cache_key)
         if found is None:
             if len(self._options) > _OPTIONS_CACHED:
                 self._options.clear()
-            found = self._options[cache_key] = options_on(node, key, kind, want)
+            before = fit_state(key)
+            seen: set[tuple[Any, ...]] = set()
+            kept = []
+            for option in options_on(node, key, kind, want):
+                delta = self.delta(before, option)
+                outcome = (delta, option.quality, option.mode_changes, option.creates, option.leaves)
+                if outcome in seen:
+                    continue
+                seen.add(outcome)
+                kept.append((option, delta))
+            found = self._options[cache_key] = tuple(kept)
         return found
 
     def delta(self, before: FitState, option: Option) -> tuple[tuple[int, int], ...]:
-        """(kind position, fits lost) for every kind the option takes room from."""
-        cache_key = (before, option.after)
-        found = self._deltas.get(cache_key)
-        if found is None:
-            if len(self._deltas) > _OPTIONS_CACHED:
-                self._deltas.clear()
-            old = self.fits(before)
-            new = self.fits(option.after)
-            found = self._deltas[cache_key] = tuple(
-                (i, a - b) for i, (a, b) in enumerate(zip(old, new, strict=True)) if a != b
-            )
-        return found
+        """(kind position, fits lost) for every kind the option takes room from.
+
+        Only the GPUs the option touches change, so MIG kinds are recounted on those GPUs alone
+        and whole-GPU kinds only when a free whole GPU is taken.
+        """
+        signature, free_whole, occupied = before
+        _, free_after, occupied_after = option.after
+        old = self.fits(before)
+        changed = [p for p, (a, b) in enumerate(zip(occupied, occupied_after, strict=True)) if a != b]
+        out = []
+        for i, kind in enumerate(self.tracked):
+            if not old[i]:
+                continue
+            want = self.want(signature, kind)
+            if want is None:
+                continue
+            if want.kind == "gpu":
+                if free_after == free_whole:
+                    continue
+                lost = old[i] - fit(want, free_after, occupied_after)
+            elif want.count == 1:
+                lost = 0
+                for p in changed:
+                    masks = want.masks[p]
+                    if masks:
+                        lost += placements_fit(masks, occupied[p]) - placements_fit(masks, occupied_after[p])
+            else:
+                lost = old[i] - fit(want, free_after, occupied_after)
+            if lost:
+                out.append((i, lost))
+        return tuple(out)
 
     def choose(
         self,
         kind: ClaimKind,
         nodes: dict[str, NodeState],
-        usable: Callable[[NodeState], bool],
         rejected: dict[str, int],
         ranked: list[Choice] | None = None,
     ) -> Choice | None:
         """The best placement over every group, or None when no group has one."""
         weights = self.weights()
         best: Choice | None = None
+        best_rank: tuple[Any, ...] | None = None
+        unmatched = unfit = 0
+        wants = {signature: self.want(signature, kind) for signature in self._sample}
         for key, members in self.groups.items():
-            signature = key[0]
-            want = self.want(signature, kind)
+            want = wants.get(key[0])
             if want is None:
-                rejected["no device of this hardware matches the claim"] = (
-                    rejected.get("no device of this hardware matches the claim", 0) + len(members)
-                )
+                unmatched += len(members)
                 continue
-            node = nodes[members[0]]
-            if not usable(node):
+            found = self._options.get((key, kind.key))
+            if found is None:
+                found = self.options(key, nodes[members[0]], kind, want)
+            if not found:
+                unfit += len(members)
                 continue
-            options = self.options(key, node, kind, want)
-            if not options:
-                rejected["not enough free GPUs or MIG slices"] = (
-                    rejected.get("not enough free GPUs or MIG slices", 0) + len(members)
-                )
-                continue
-            before = fit_state(key)
-            mine: Choice | None = None
-            for option in options:
+            mine: tuple[Any, ...] | None = None
+            chosen: Option | None = None
+            for option, delta in found:
                 loss = 0.0
-                for i, lost in self.delta(before, option):
+                for i, lost in delta:
                     loss += weights[i] * lost
-                loss = round(loss, 9)
                 # On the node, the claim gets the best GPU set it has; between nodes, loss first.
                 local = (-option.quality, loss, option.mode_changes, option.creates, option.leaves, option.devices)
-                if mine is None or local < mine.rank[-1]:
-                    rank = (loss, -option.quality, option.mode_changes, option.creates, option.leaves, key, local)
-                    mine = Choice(key, node, option, rank, loss)
-            if mine is None:
-                continue
+                if mine is None or local < mine:
+                    mine = local
+                    chosen = option
+            assert mine is not None and chosen is not None
+            rank = (mine[1], mine[0], mine[2], mine[3], mine[4], key, mine)
             if ranked is not None:
-                ranked.append(mine)
-            if best is None or mine.rank < best.rank:
-                best = mine
+                ranked.append(Choice(key, nodes[members[0]], chosen, rank, mine[1]))
+            if best_rank is None or rank < best_rank:
+                best_rank = rank
+                best = Choice(key, nodes[members[0]], chosen, rank, mine[1])
+        if unmatched:
+            rejected["no device of this hardware matches the claim"] = unmatched
+        if unfit:
+            rejected["not enough free GPUs or MIG slices"] = unfit
         return best
 
     def explain(self, choice: Choice) -> list[LossTerm]:
