@@ -33,7 +33,9 @@ def on(node: str, *indexes: int) -> tuple[str, ...]:
     return (index_is(*indexes), f'device.attributes["gpu.tangram.dev"].uuid.startsWith("GPU-{node}-")')
 
 
-def instance(profile: str, profile_id: int, start: int, size: int, *, uuid: str, in_use: bool = False) -> MigInstance:
+def instance(
+    profile: str, profile_id: int, start: int, size: int, *, uuid: str, in_use: bool = False
+) -> MigInstance:
     return MigInstance(
         uuid=uuid,
         profile=profile,
@@ -102,7 +104,9 @@ def test_mig_claims_pack_onto_a_partitioned_gpu_of_another_node_before_cutting_a
 
 def test_whole_gpu_claim_takes_a_gpu_out_of_mig_mode_only_when_it_must() -> None:
     state = fleet(hgx("n", kind="h200", gpu_extra={3: {"mig_enabled": True}}))
-    allocated(state.allocate(claim("rest", request(count=6, selectors=(index_is(0, 1, 2, 4, 5, 6),))), CLASSES))
+    allocated(
+        state.allocate(claim("rest", request(count=6, selectors=(index_is(0, 1, 2, 4, 5, 6),))), CLASSES)
+    )
     whole = allocated(state.allocate(claim("whole", request()), CLASSES))
     assert whole.devices[0].gpu_index == 7 and whole.partitions == []
     one = allocated(state.allocate(mig_claim("one", "1g.18gb"), CLASSES))
@@ -112,7 +116,9 @@ def test_whole_gpu_claim_takes_a_gpu_out_of_mig_mode_only_when_it_must() -> None
 
 def test_mig_claim_uses_the_gpu_already_in_mig_mode() -> None:
     state = fleet(hgx("n", kind="h200", gpu_extra={5: {"mig_enabled": True}}))
-    allocated(state.allocate(claim("rest", request(count=6, selectors=(index_is(0, 1, 2, 3, 4, 6),))), CLASSES))
+    allocated(
+        state.allocate(claim("rest", request(count=6, selectors=(index_is(0, 1, 2, 3, 4, 6),))), CLASSES)
+    )
     one = allocated(state.allocate(mig_claim("one", "1g.18gb"), CLASSES))
     assert one.devices[0].gpu_index == 5
 
@@ -136,7 +142,10 @@ def test_free_instance_tangram_made_is_destroyed_for_a_whole_gpu_claim() -> None
     state.apply_inventory(hgx("n", kind="h200", gpu_extra={0: gpu0}))
     whole = allocated(state.allocate(claim("whole", request()), CLASSES))
     assert whole.devices[0].gpu_index == 0
-    assert [(p.action, p.mig_uuid) for p in whole.partitions] == [("destroy", "MIG-warm"), ("disable-mig", "")]
+    assert [(p.action, p.mig_uuid) for p in whole.partitions] == [
+        ("destroy", "MIG-warm"),
+        ("disable-mig", ""),
+    ]
 
 
 def test_free_instance_of_another_profile_is_reconfigured_for_a_4g_claim() -> None:
@@ -174,7 +183,9 @@ def test_instances_made_outside_tangram_are_left_alone_unless_allowed() -> None:
 def test_reconfiguration_is_a_last_resort() -> None:
     # A free whole GPU elsewhere on the node is taken before a kept instance is destroyed.
     state = fleet(hgx("n", kind="h200"))
-    allocated(state.allocate(claim("rest", request(count=6, selectors=(index_is(1, 2, 3, 4, 5, 6),))), CLASSES))
+    allocated(
+        state.allocate(claim("rest", request(count=6, selectors=(index_is(1, 2, 3, 4, 5, 6),))), CLASSES)
+    )
     small = allocated(
         state.allocate(
             claim("small", request(device_class=MIG, selectors=(profile_is("1g.18gb"), index_is(0)))), CLASSES

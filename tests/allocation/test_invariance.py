@@ -9,13 +9,24 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tangram.allocation import Allocated, Claim, FleetState
-from tangram.bench.traces import BENCH_MIX, Arrival, build_fleet, claim_spec, fleet_gpus, saturating_trace, shipped_classes
+from tangram.bench.traces import (
+    BENCH_MIX,
+    Arrival,
+    build_fleet,
+    claim_spec,
+    fleet_gpus,
+    saturating_trace,
+    shipped_classes,
+)
 from tangram.cli.allocate import _renamed
 from tangram.events.inventory import NodeHardware
 
 CLASSES = shipped_classes()
 FLEET = build_fleet([("hgx-h200", 1), ("h100-nvl-4x2", 1), ("l40s-8", 1)])
-OPS = {seed: saturating_trace(seed, fleet_gpus(FLEET), churn_claims=20, saturation=1.2, mix=BENCH_MIX) for seed in range(3)}
+OPS = {
+    seed: saturating_trace(seed, fleet_gpus(FLEET), churn_claims=20, saturation=1.2, mix=BENCH_MIX)
+    for seed in range(3)
+}
 
 
 def admitted(nodes: list[NodeHardware], seed: int) -> int:

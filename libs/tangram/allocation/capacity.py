@@ -51,8 +51,10 @@ def want_on(shape: NodeShape, kind: ClaimKind, eligible: Eligible | None) -> Wan
         for g in range(top):
             peers = 0
             for h in range(top):
-                if h != g and (not kind.nvlink or shape.pairs.nvlinks(g, h) > 0) and (
-                    shape.pairs.bandwidth_gbps(g, h) >= kind.min_bandwidth_gbps
+                if (
+                    h != g
+                    and (not kind.nvlink or shape.pairs.nvlinks(g, h) > 0)
+                    and (shape.pairs.bandwidth_gbps(g, h) >= kind.min_bandwidth_gbps)
                 ):
                     peers |= 1 << h
             compatible.append(peers)

@@ -436,7 +436,10 @@ class FleetState:
                 for g, live in sorted(node.existing.items())
                 for inst in live
                 if (g, inst.profile_id, inst.start, False, False) in key[4]
-                and (self.reconfigure_foreign_instances or (node.name, g, inst.profile_id, inst.start) in self._made)
+                and (
+                    self.reconfigure_foreign_instances
+                    or (node.name, g, inst.profile_id, inst.start) in self._made
+                )
             ]
             if not free:
                 continue
@@ -460,7 +463,16 @@ class FleetState:
                 loss = 0.0
                 for i, lost in self._index.delta(before, option):
                     loss += weights[i] * lost
-                rank = (len(needed), loss, -option.quality, option.mode_changes, option.creates, option.leaves, key, option.devices)
+                rank = (
+                    len(needed),
+                    loss,
+                    -option.quality,
+                    option.mode_changes,
+                    option.creates,
+                    option.leaves,
+                    key,
+                    option.devices,
+                )
                 choice = Choice(key, node, option, rank[1:], loss)
                 if ranked is not None:
                     ranked.append(choice)

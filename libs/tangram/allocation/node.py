@@ -14,7 +14,7 @@ class ExistingInstance:
     __slots__ = ("in_use", "mask", "profile", "profile_id", "size", "start", "uuid")
 
     def __init__(
-        self, profile_id: int, start: int, size: int, uuid: str, in_use: bool, profile: str = ""
+        self, profile_id: int, start: int, size: int, uuid: str, in_use: bool, *, profile: str = ""
     ) -> None:
         self.profile_id = profile_id
         self.profile = profile
@@ -47,7 +47,7 @@ class NodeState:
         self.existing: dict[int, list[ExistingInstance]] = {
             g.index: [
                 ExistingInstance(
-                    m.profile_id, m.placement.start, m.placement.size, m.uuid, m.in_use, m.profile
+                    m.profile_id, m.placement.start, m.placement.size, m.uuid, m.in_use, profile=m.profile
                 )
                 for m in g.mig_instances
             ]

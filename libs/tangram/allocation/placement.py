@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
 
-from tangram.allocation.capacity import FitState, Want, placements_fit, fit, want_on
+from tangram.allocation.capacity import FitState, Want, fit, placements_fit, want_on
 from tangram.allocation.demand import ClaimKind, Demand
 from tangram.allocation.eligibility import Eligible
 from tangram.allocation.model import CandidateScore, LossTerm
@@ -260,7 +260,14 @@ class DemandIndex:
                 for i, lost in delta:
                     loss += weights[i] * lost
                 # On the node, the claim gets the best GPU set it has; between nodes, loss first.
-                local = (-option.quality, loss, option.mode_changes, option.creates, option.leaves, option.devices)
+                local = (
+                    -option.quality,
+                    loss,
+                    option.mode_changes,
+                    option.creates,
+                    option.leaves,
+                    option.devices,
+                )
                 if mine is None or local < mine:
                     mine = local
                     chosen = option

@@ -8,8 +8,8 @@ shape instead of once per node.
 from __future__ import annotations
 
 import hashlib
-from itertools import combinations
 from dataclasses import dataclass
+from itertools import combinations
 
 import msgspec
 

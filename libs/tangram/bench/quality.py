@@ -406,7 +406,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
-    if args.instances < 1 or args.churn_claims < 1 or args.time_limit <= 0 or not 1.0 <= args.saturation <= 2.0:
+    if (
+        args.instances < 1
+        or args.churn_claims < 1
+        or args.time_limit <= 0
+        or not 1.0 <= args.saturation <= 2.0
+    ):
         raise ValueError(
             "--instances and --churn-claims must be positive, --time-limit > 0, --saturation in [1, 2]"
         )
