@@ -88,7 +88,7 @@ async def run(ctx: ServiceContext, settings: AllocatorSettings) -> None:
 
 async def lead(ctx: ServiceContext, settings: AllocatorSettings, lease: LeaderLease) -> None:
     ledger = Ledger(
-        fleet=FleetState(),
+        fleet=FleetState(reconfigure_foreign_instances=settings.reconfigure_foreign_instances),
         classes=load_device_classes(settings.device_classes),
         policy=settings.policy,
         producer=ctx.bus.config.producer,
