@@ -280,9 +280,9 @@ def optimal_prefix(
 
     Binary search over the arrivals of the trace's arrival-only tail (feasibility is monotone
     there), each step an exact ILP (optimal_admitted). `feasible_at` is at least the end of the
-    churn phase: the optimum is taken to fit every claim alive during the churn (run at 50% of
-    the fleet's GPUs, well inside what a placement free to rearrange fits), so with departures
-    this is an upper bound on any placement that never moves a claim.
+    churn phase: unless a policy's failure during the churn is shown to be unavoidable
+    (_failing_too), the optimum is taken to fit every claim alive during the churn, so with
+    departures this is an upper bound on any placement that never moves a claim.
     Returns (arrivals, proven, seconds).
     """
     total = sum(isinstance(op, Arrival) for op in ops)
@@ -308,6 +308,28 @@ def optimal_prefix(
     return lo, proven, round(seconds, 3)
 
 
+def _failing_too(
+    nodes: list[PackingNode],
+    ops: list[Op],
+    results: Any,
+    churn_claims: int,
+    time_limit_s: float,
+) -> tuple[int, bool, float] | None:
+    """Where a policy failed during the churn, whether no placement at all fits the claims alive
+    with the failing claim: then the optimum's first failure is there too (the earliest such)."""
+    seconds = 0.0
+    failures = sorted({r["arrivals_before_first_failure"] for r in results if r["failed"]})
+    for arrivals in failures:
+        if arrivals >= churn_claims:
+            break
+        alive = _alive_after(ops, arrivals + 1)
+        optimum = optimal_admitted(nodes, alive, time_limit_s=time_limit_s)
+        seconds += optimum.seconds
+        if optimum.proven and optimum.admitted < len(alive):
+            return arrivals, True, round(seconds, 3)
+    return None
+
+
 def run_instance(
     fleet_spec: tuple[tuple[str, int], ...],
     seed: int,
@@ -324,10 +346,15 @@ def run_instance(
         seed, capacity, churn_claims=churn_claims, churn_load=CHURN_LOAD, saturation=saturation, mix=BENCH_MIX
     )
     results = {policy: replay(nodes, ops, classes, policy) for policy in policies}
-    known = max(churn_claims, *(r["arrivals_before_first_failure"] for r in results.values()))
-    best, proven, seconds = optimal_prefix(
-        [packing_node(hw) for hw in nodes], ops, known, capacity_gpus=capacity, time_limit_s=time_limit_s
-    )
+    packing = [packing_node(hw) for hw in nodes]
+    found = _failing_too(packing, ops, results.values(), churn_claims, time_limit_s)
+    if found is not None:
+        best, proven, seconds = found
+    else:
+        known = max(churn_claims, *(r["arrivals_before_first_failure"] for r in results.values()))
+        best, proven, seconds = optimal_prefix(
+            packing, ops, known, capacity_gpus=capacity, time_limit_s=time_limit_s
+        )
     alive = _alive_after(ops, best)
     optimum = {
         "arrivals_before_first_failure": best,
