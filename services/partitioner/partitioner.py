@@ -4,6 +4,7 @@ GPUs in parallel, each command id answered once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -70,6 +71,8 @@ class Partitioner:
         producer: str,
         warm_pool: Mapping[str, int] | None = None,
         claim_release_wait_s: float = 2.0,
+        stop: asyncio.Event | None = None,
+        log_lag_s: float = 120.0,
     ) -> None:
         self.node = node
         self.executor = executor
@@ -79,6 +82,10 @@ class Partitioner:
         self._producer = producer
         self._warm_pool = dict(warm_pool or {})
         self._claim_release_wait_s = claim_release_wait_s
+        self._stop = stop or asyncio.Event()
+        # How long a command waits for a release the allocator must have logged before it (a NATS
+        # outage delays the log); past it, the claim is taken to be really live and the command refused.
+        self._log_lag_s = log_lag_s
         self._slots: dict[str, _GpuSlot] = {}
         self._in_flight: dict[str, asyncio.Event] = {}
         self._inventory_dirty = asyncio.Event()
@@ -179,6 +186,7 @@ class Partitioner:
     async def _create_locked(self, command: PartitionRequested) -> CreatedInstance:
         executor = self.executor
         key = InstanceKey.of(command.gpu_uuid, command.placement)
+        await self._clear_released(command)
         existing = await asyncio.to_thread(executor.find, command.gpu_uuid, command.placement)
         if existing is not None:
             owner = self.ledger.owner(key)
@@ -210,8 +218,48 @@ class Partitioner:
             executor.create, command.gpu_uuid, command.profile_id, command.placement
         )
 
+    async def _clear_released(self, command: PartitionRequested) -> None:
+        """Make room for a create among instances of claims that are gone.
+
+        The allocator creates only on slices it has freed: a claim still holding them here is one
+        whose release this node has not read yet (after a NATS outage the log can lag), so it is
+        waited for. An instance Tangram made for a claim that is gone, still there because its
+        destroy command has not arrived (a redelivery after an outage comes late), is destroyed
+        now instead of failing the new claim; its destroy then finds nothing left to do.
+        """
+        executor = self.executor
+        for instance in await asyncio.to_thread(executor.observe, command.gpu_uuid):
+            if not instance.overlaps(command.placement):
+                continue
+            key = InstanceKey.of(command.gpu_uuid, instance.placement)
+            owner = self.ledger.owner(key)
+            if owner is not None and owner != command.claim_uid:
+                await self._wait_until_released(owner, why=f"create {command.command_id}")
+                owner = self.ledger.owner(key)
+            created = self.ledger.created(key)
+            made_for = created.claim_uid if created is not None else ""
+            released_leftover = (
+                owner is None
+                and made_for not in ("", command.claim_uid)
+                and not self.ledger.is_warm(key)
+                and not instance.in_use
+                and (instance.placement != command.placement or instance.profile_id != command.profile_id)
+            )
+            if released_leftover:
+                log.info(
+                    "destroying a released claim's instance in the way of a create",
+                    extra={"gpu_uuid": key.gpu_uuid, "mig_uuid": instance.mig_uuid, "claim": made_for},
+                )
+                with contextlib.suppress(InstanceNotFound):
+                    await asyncio.to_thread(executor.destroy, command.gpu_uuid, placement=instance.placement)
+
     async def _destroy(self, command: PartitionRequested, slot: _GpuSlot, started: float) -> PartitionResult:
         key = InstanceKey.of(command.gpu_uuid, command.placement)
+        owner = self.ledger.owner(key)
+        if owner is not None and owner == command.claim_uid:
+            # The allocator destroys a claim's instance only once it has freed the claim: the
+            # release is in the log (or about to be), only not read here yet.
+            await self._wait_until_released(owner, why=f"destroy {command.command_id}")
         owner = await self._wait_for_release(key)
         if owner is not None:
             raise PartitionError(
@@ -271,6 +319,33 @@ class Partitioner:
                 )
             await asyncio.to_thread(executor.disable_mig, command.gpu_uuid)
             return results.mig_disabled(command, producer=self._producer, ms=self._ms(started))
+
+    async def _wait_until_released(self, claim_uid: str, *, why: str) -> None:
+        """Until this node's view of the log no longer holds the claim live (at most `log_lag_s`);
+        at stop, Retry: the command is redelivered to the next process."""
+        waited = time.monotonic()
+        warned = waited
+        while self.ledger.is_live(claim_uid) and time.monotonic() - waited < self._log_lag_s:
+            if self._stop.is_set():
+                raise Retry(f"{why}: stopping before the release of claim {claim_uid} was read")
+            changed = asyncio.ensure_future(self._log_changed.wait())
+            stopping = asyncio.ensure_future(self._stop.wait())
+            try:
+                await asyncio.wait(
+                    {changed, stopping},
+                    timeout=min(5.0, self._log_lag_s),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            finally:
+                for waiter in (changed, stopping):
+                    waiter.cancel()
+                await asyncio.gather(changed, stopping, return_exceptions=True)
+            if time.monotonic() - warned >= 30.0:
+                warned = time.monotonic()
+                log.warning(
+                    "still waiting to read a claim's release",
+                    extra={"claim": claim_uid, "for": why, "waited_s": round(warned - waited, 1)},
+                )
 
     async def _wait_for_release(self, key: InstanceKey) -> str | None:
         """The live claim holding the instance; a release on its way through the log is waited for."""

@@ -80,6 +80,8 @@ class Ledger:
                 uid = self.commands.get(command_id, event.claim_uid)
                 if self.decided.get(uid) == "allocated" and uid not in self.released:
                     return self._fail_after_partition(uid, event)
+            case PartitionFailed(action="destroy", node=node, gpu_uuid=gpu_uuid, placement=placement):
+                self.fleet.destroy_refused(node, gpu_uuid, placement.start)
             case PartitionApplied(action="create", command_id=command_id, mig_uuid=mig_uuid):
                 self.created[command_id] = mig_uuid
             case _:

@@ -41,15 +41,20 @@ log = logging.getLogger("tangram.bus")
 T = TypeVar("T")
 Handler = Callable[[Event], Awaitable[None]]
 
-# Failures worth waiting out: the server is restarting, or a reply was lost on the way.
+# Failures worth waiting out: the server is restarting, a reply was lost on the way, or (in a
+# cluster) the stream has no leader for a moment while its replicas elect one.
 _TRANSIENT: tuple[type[BaseException], ...] = (
     nats.errors.TimeoutError,
     nats.errors.NoRespondersError,
+    nats.js.errors.NoStreamResponseError,
     nats.errors.ConnectionReconnectingError,
     nats.errors.OutboundBufferLimitError,
     nats.js.errors.ServiceUnavailableError,
     asyncio.TimeoutError,
 )
+# JetStream API errors worth waiting out: "no suitable peers for placement" while the servers of
+# a cluster that just started (or restarted) have not all reported to the metadata leader yet.
+_TRANSIENT_API_CODES = frozenset({10005})
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,9 @@ class BusConfig:
     connect_timeout_s: float = 5.0
     reconnect_forever: bool = True
     publish_retry_s: float = 60.0  # how long a publish keeps retrying through a server outage
+    # Copies of each stream and bucket Tangram creates: 1 on a single server, 3 on a 3-server
+    # JetStream cluster (a stream then survives the loss of any one server, acked messages included).
+    stream_replicas: int = 1
 
 
 def redact_url(url: str) -> str:
@@ -84,7 +92,7 @@ def _tls_context(config: BusConfig) -> ssl.SSLContext | None:
     return context
 
 
-def _stream_config(spec: StreamSpec) -> StreamConfig:
+def _stream_config(spec: StreamSpec, replicas: int = 1) -> StreamConfig:
     return StreamConfig(
         name=spec.name,
         description=spec.description,
@@ -96,6 +104,7 @@ def _stream_config(spec: StreamSpec) -> StreamConfig:
         max_age=spec.max_age_s,
         duplicate_window=spec.duplicate_window_s,
         max_msg_size=spec.max_msg_size,
+        num_replicas=replicas,
     )
 
 
@@ -111,6 +120,7 @@ def _stream_shape(config: StreamConfig) -> tuple[object, ...]:
         config.storage,
         config.retention,
         config.discard,
+        config.num_replicas,
     )
 
 
@@ -188,6 +198,11 @@ class Bus:
                     raise BusError(f"{what}: {type(exc).__name__}: {exc}") from exc
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
+            except nats.js.errors.APIError as exc:
+                if exc.err_code not in _TRANSIENT_API_CODES or time.monotonic() >= deadline:
+                    raise BusError(f"{what}: {exc}") from exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
             except (nats.js.errors.Error, nats.errors.Error) as exc:
                 raise BusError(f"{what}: {exc}") from exc
 
@@ -208,7 +223,11 @@ class Bus:
             ):
                 raise
             config = KeyValueConfig(
-                bucket=spec.bucket, description=spec.description, ttl=spec.ttl_s, history=1
+                bucket=spec.bucket,
+                description=spec.description,
+                ttl=spec.ttl_s,
+                history=1,
+                replicas=self.config.stream_replicas,
             )
             await self._api(
                 lambda: self._js.create_key_value(config), f"create bucket {spec.bucket}", retry_s=10
@@ -220,7 +239,7 @@ class Bus:
         A stream already as declared is left alone: with NATS permissions, only an admin user may
         manage streams, and every service calls this at start.
         """
-        config = _stream_config(spec)
+        config = _stream_config(spec, self.config.stream_replicas)
         try:
             info = await self._api(
                 lambda: self._js.stream_info(spec.name), f"stream info {spec.name}", retry_s=10

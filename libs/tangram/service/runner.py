@@ -41,6 +41,7 @@ def bus_config(settings: ServiceSettings, *, name: str, producer: str) -> BusCon
         tls_ca_file=str(settings.nats_tls_ca) if settings.nats_tls_ca else None,
         tls_cert_file=str(settings.nats_tls_cert) if settings.nats_tls_cert else None,
         tls_key_file=str(settings.nats_tls_key) if settings.nats_tls_key else None,
+        stream_replicas=settings.nats_stream_replicas,
     )
 
 
