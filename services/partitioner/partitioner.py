@@ -15,6 +15,9 @@ import pynvml
 from services.partitioner import results
 from tangram.bus import Poison, Retry
 from tangram.events import (
+    ClaimAllocated,
+    ClaimFailed,
+    ClaimReleased,
     Event,
     MigPlacement,
     NodeHardware,
@@ -91,12 +94,53 @@ class Partitioner:
         self._inventory_dirty = asyncio.Event()
         self._log_changed = asyncio.Event()
         self._generation = 0
+        self._cleanups: set[asyncio.Task[None]] = set()
 
     def observe(self, event: Event) -> None:
         """Folds an event of the log (the follow's handler) and wakes commands waiting on it."""
+        orphans = self._orphans_of(event)
         self.ledger.observe(event)
         self._log_changed.set()
         self._log_changed = asyncio.Event()
+        for made in orphans:
+            task = asyncio.create_task(self._remove_orphan(made))
+            self._cleanups.add(task)
+            task.add_done_callback(self._cleanups.discard)
+
+    def _orphans_of(self, event: Event) -> list[PartitionApplied]:
+        """Instances made for a claim by commands its decision does not name: an allocator that
+        died between sending a claim's commands and its decision decides again after restart,
+        maybe elsewhere; what the first commands made belongs to no one."""
+        if not isinstance(event, ClaimAllocated | ClaimFailed | ClaimReleased):
+            return []
+        if isinstance(event, ClaimAllocated):
+            named = set(event.partitions) if event.node == self.node else set()
+        else:
+            allocation = self.ledger.allocation(event.uid)
+            named = set(allocation.partitions) if allocation is not None else set()
+        return [made for made in self.ledger.created_for(event.uid) if made.command_id not in named]
+
+    async def close(self) -> None:
+        for task in list(self._cleanups):
+            task.cancel()
+        await asyncio.gather(*self._cleanups, return_exceptions=True)
+
+    async def _remove_orphan(self, made: PartitionApplied) -> None:
+        key = InstanceKey.of(made.gpu_uuid, made.placement)
+        observed = await asyncio.to_thread(self.executor.find, made.gpu_uuid, made.placement)
+        if observed is None or observed.mig_uuid != made.mig_uuid or observed.in_use:
+            return
+        reason = (
+            f"{made.profile} {made.mig_uuid} made for claim {made.claim_uid} by a command its "
+            "decision does not name"
+        )
+        try:
+            await self._clean(Finding("orphan", key, reason, made.claim_uid, observed))
+        except Exception:
+            log.exception(
+                "orphan instance not removed; the next start's reconciliation will",
+                extra={"mig_uuid": made.mig_uuid},
+            )
 
     def _slot(self, gpu_uuid: str) -> _GpuSlot:
         return self._slots.setdefault(gpu_uuid, _GpuSlot())
@@ -170,6 +214,15 @@ class Partitioner:
         return round((time.perf_counter() - started) * 1000, 3)
 
     async def _create(self, command: PartitionRequested, slot: _GpuSlot, started: float) -> PartitionResult:
+        uid = command.claim_uid
+        allocation = self.ledger.allocation(uid) if uid else None
+        if (allocation is not None and command.command_id not in allocation.partitions) or (
+            uid and self.ledger.has_ended(uid)
+        ):
+            raise PartitionError(
+                f"claim {uid} is decided without command {command.command_id} (sent before the "
+                "allocator restarted and decided again) or has ended: nothing is created"
+            )
         for attempt in range(2):
             async with slot.lock:
                 try:
@@ -308,6 +361,7 @@ class Partitioner:
                     f"GPU {command.gpu_uuid} needs a GPU reset to leave MIG mode",
                     nvml_error=nvml_error_name(pynvml.NVML_ERROR_RESET_REQUIRED),
                 )
+            await self._clear_released(command)  # the command's placement spans the whole GPU
             left = await asyncio.to_thread(executor.observe, command.gpu_uuid)
             if left:
                 held = ", ".join(
@@ -390,6 +444,11 @@ class Partitioner:
         key = finding.key
         placement = MigPlacement(start=key.start, size=key.size)
         async with self._slot(key.gpu_uuid).lock:
+            if finding.observed is not None and finding.observed.mig_uuid:
+                # Found outside the lock: another command may have replaced it since.
+                now = await asyncio.to_thread(self.executor.find, key.gpu_uuid, placement)
+                if now is None or now.mig_uuid != finding.observed.mig_uuid:
+                    return
             try:
                 gone = await asyncio.to_thread(self.executor.destroy, key.gpu_uuid, placement=placement)
             except PartitionError as exc:

@@ -91,4 +91,5 @@ async def run(ctx: ServiceContext, settings: PartitionerSettings) -> None:
         try:
             await settle(tasks)
         finally:
+            await partitioner.close()
             nvml.nvmlShutdown()

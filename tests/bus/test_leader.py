@@ -56,3 +56,20 @@ async def test_a_crashed_leader_is_replaced_and_finds_out_it_lost(
     with pytest.raises(LeadershipLost, match="the allocator lease was taken over"):
         await asyncio.wait_for(a.hold(never), 5 * BUCKET.ttl_s)
     assert (a.held, b.held) == (False, True)
+
+
+async def test_a_leader_whose_lease_expired_unheld_takes_it_back_instead_of_stopping(
+    bus: Bus, leases: tuple[LeaderLease, LeaderLease]
+) -> None:
+    """Renewals that could not reach NATS for a TTL: the key is gone, nobody else holds it."""
+    a, _ = leases
+    stop = asyncio.Event()
+    assert await a.acquire(stop)
+    kv = await bus.jetstream.key_value(BUCKET.bucket)
+    await kv.purge("allocator")  # what the TTL does to a key not rewritten in time
+    holding = asyncio.create_task(a.hold(stop))
+    await asyncio.sleep(2 * a.renew_every_s)  # two renewals: the first finds the key gone
+    assert not holding.done() and a.held
+    assert (await kv.get("allocator")).value == b"holder-a"
+    stop.set()
+    await holding

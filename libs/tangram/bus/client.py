@@ -179,6 +179,12 @@ class Bus:
                 delay = min(delay * 2, 2.0)
 
     @property
+    def _setup_retry_s(self) -> float:
+        """Declaring streams at start waits out an outage as long as a publish would: a service
+        starting while a cluster elects its leaders must not exit."""
+        return max(10.0, self.config.publish_retry_s)
+
+    @property
     def jetstream(self) -> JetStreamContext:
         return self._js
 
@@ -216,7 +222,9 @@ class Bus:
 
     async def _ensure_key_value(self, spec: KeyValueSpec) -> None:
         try:
-            await self._api(lambda: self._js.key_value(spec.bucket), f"bucket {spec.bucket}", retry_s=10)
+            await self._api(
+                lambda: self._js.key_value(spec.bucket), f"bucket {spec.bucket}", retry_s=self._setup_retry_s
+            )
         except BusError as exc:
             if not isinstance(
                 exc.__cause__, nats.js.errors.BucketNotFoundError | nats.js.errors.NotFoundError
@@ -230,7 +238,9 @@ class Bus:
                 replicas=self.config.stream_replicas,
             )
             await self._api(
-                lambda: self._js.create_key_value(config), f"create bucket {spec.bucket}", retry_s=10
+                lambda: self._js.create_key_value(config),
+                f"create bucket {spec.bucket}",
+                retry_s=self._setup_retry_s,
             )
 
     async def _ensure_stream(self, spec: StreamSpec) -> None:
@@ -242,15 +252,23 @@ class Bus:
         config = _stream_config(spec, self.config.stream_replicas)
         try:
             info = await self._api(
-                lambda: self._js.stream_info(spec.name), f"stream info {spec.name}", retry_s=10
+                lambda: self._js.stream_info(spec.name),
+                f"stream info {spec.name}",
+                retry_s=self._setup_retry_s,
             )
         except BusError as exc:
             if not isinstance(exc.__cause__, nats.js.errors.NotFoundError):
                 raise
-            await self._api(lambda: self._js.add_stream(config), f"create stream {spec.name}", retry_s=10)
+            await self._api(
+                lambda: self._js.add_stream(config), f"create stream {spec.name}", retry_s=self._setup_retry_s
+            )
             return
         if _stream_shape(info.config) != _stream_shape(config):
-            await self._api(lambda: self._js.update_stream(config), f"update stream {spec.name}", retry_s=10)
+            await self._api(
+                lambda: self._js.update_stream(config),
+                f"update stream {spec.name}",
+                retry_s=self._setup_retry_s,
+            )
 
     async def ensure_consumer(self, spec: ConsumerSpec) -> None:
         config = _consumer_config(spec)

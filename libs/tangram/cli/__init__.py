@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "allocate": ("tangram.cli.allocate", "run the allocator offline over a fleet and a claim trace"),
     "mig": ("tangram.cli.mig", "show MIG layouts"),
     "nats-config": ("tangram.cli.nats_config", "write nats-server authorization with per-node permissions"),
+    "chaos": ("tangram.cli.chaos", "inject faults while claims flow through every service; check invariants"),
 }
 
 

@@ -1,4 +1,5 @@
-"""A local Tangram: embedded nats-server plus every service as its own OS process."""
+"""A local Tangram: embedded nats-server (one, or a JetStream cluster) plus every service as its
+own OS process."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tangram.natsserver import NatsServer
+from tangram.natsserver import NatsCluster, NatsServer
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,9 @@ class LocalCluster:
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="tgm-", dir="/tmp")))
     nats: NatsServer | None = None
     processes: list[ServiceProcess] = field(default_factory=list)
+    # More than one: a JetStream cluster of that many servers, streams replicated on each.
+    nats_servers: int = 1
+    nats_cluster: NatsCluster | None = None
 
     def kubelet_root(self, node: str) -> Path:
         return self.workdir / node / "kubelet"
@@ -49,11 +53,24 @@ class LocalCluster:
 
     @property
     def url(self) -> str:
+        return self.urls[0]
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        if self.nats_cluster is not None:
+            return self.nats_cluster.urls
         assert self.nats is not None
-        return self.nats.url
+        return (self.nats.url,)
+
+    @property
+    def stream_replicas(self) -> int:
+        return self.nats_servers
 
     def start(self) -> None:
-        self.nats = NatsServer(self.workdir / "nats").start()
+        if self.nats_servers > 1:
+            self.nats_cluster = NatsCluster(self.workdir / "nats", size=self.nats_servers).start()
+        else:
+            self.nats = NatsServer(self.workdir / "nats").start()
         self._spawn("allocator", ["services.allocator"], {})
         for node in self.nodes:
             (self.workdir / node.name).mkdir(parents=True, exist_ok=True)
@@ -81,7 +98,13 @@ class LocalCluster:
     def _launch(self, name: str, module_args: list[str], env: dict[str, str]) -> ServiceProcess:
         log_path = self.workdir / "logs" / f"{name.replace('@', '-')}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        full_env = dict(os.environ, TANGRAM_NATS_URL=self.url, TANGRAM_LOG_LEVEL="info", **env)
+        full_env = dict(
+            os.environ,
+            TANGRAM_NATS_URL=",".join(self.urls),
+            TANGRAM_NATS_STREAM_REPLICAS=str(self.stream_replicas),
+            TANGRAM_LOG_LEVEL="info",
+            **env,
+        )
         with log_path.open("ab") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", *module_args],
@@ -130,4 +153,6 @@ class LocalCluster:
                 codes[service.name] = service.process.wait()
         if self.nats is not None:
             self.nats.stop()
+        if self.nats_cluster is not None:
+            self.nats_cluster.stop()
         return codes

@@ -27,6 +27,7 @@ class ServiceContext:
     bus: Bus
     stop: asyncio.Event
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    health: HealthServer | None = None
 
 
 ServiceMain = Callable[[ServiceContext], Awaitable[None]]
@@ -60,7 +61,7 @@ async def serve(name: str, producer: str, settings: ServiceSettings, main: Servi
     bus = await Bus.connect(bus_config(settings, name=name, producer=producer))
     try:
         await bus.ensure_streams()
-        await main(ServiceContext(name=name, bus=bus, stop=stop, ready=ready))
+        await main(ServiceContext(name=name, bus=bus, stop=stop, ready=ready, health=health))
         log.info("service stopped")
         return 0
     except Exception:
