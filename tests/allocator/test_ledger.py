@@ -291,3 +291,16 @@ def test_a_refused_destroy_keeps_the_instances_slices_out_of_later_decisions() -
     placed = [d for d in decided if isinstance(d, ClaimAllocated)]
     assert len(placed) == 7 and isinstance(decided[-1], ClaimFailed)
     assert create.gpu_index not in {d.devices[0].gpu_index for d in placed}
+
+
+def test_a_failure_of_a_command_no_decision_names_fails_no_claim() -> None:
+    """A create sent before an allocator crash, for a claim decided differently after it."""
+    book = ledger()
+    book.apply(inventory("dgx-h100", "n1"), live=False)
+    command, allocated = book.apply(request(1, mig("1g.10gb")))
+    assert isinstance(command, PartitionRequested) and isinstance(allocated, ClaimAllocated)
+    stray = msgspec.structs.replace(
+        _partition_failure(command, allocated.uid), command_id="sent-before-the-crash"
+    )
+    assert book.apply(stray) == []
+    assert book.decided[allocated.uid] == "allocated" and book.fleet.allocation(allocated.uid) is not None

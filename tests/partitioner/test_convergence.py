@@ -141,3 +141,28 @@ async def test_a_create_read_before_the_previous_holders_release_waits_for_it(
     assert isinstance(late, PartitionApplied) and late.action == "destroy", late
     left = MigExecutor(view, minors=MINORS).observe(0)
     assert [o.mig_uuid for o in left] == [made.mig_uuid]
+
+
+async def test_commands_sent_before_an_allocator_crash_and_decided_again_leave_nothing_behind(
+    bus: Bus, nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """The allocator sent a claim's create, died before its decision, and decided the claim again
+    elsewhere after restart: the first instance is removed once the decision is read, and a first
+    command read after the decision creates nothing."""
+    state = tmp_path / "node.json"
+    view = sim("dgx-h100", state)
+    results = await _subscribe(bus, f"tangram.node.{NODE}.partition.*")
+    inventories = await _subscribe(bus, f"tangram.inventory.{NODE}")
+    async with running(bus, settings(nats_server, state)):
+        await inventories.next(NodeInventory)
+        await bus.publish(command("first-x", view, claim_uid="x", **BIG))  # type: ignore[arg-type]
+        first = await result_of(results, "first-x")
+        assert isinstance(first, PartitionApplied)
+        second = await create_for(bus, view, results, "x", SMALL | {"start": 6})
+        cleaned = await result_of(results, f"reconcile-{first.mig_uuid}")
+        assert isinstance(cleaned, PartitionApplied) and cleaned.action == "destroy"
+        await bus.publish(command("late-x", view, claim_uid="x", **BIG))  # type: ignore[arg-type]
+        late = await result_of(results, "late-x")
+    assert isinstance(late, PartitionFailed) and "decided without command late-x" in late.reason
+    left = MigExecutor(view, minors=MINORS).observe(0)
+    assert [o.mig_uuid for o in left] == [second]
