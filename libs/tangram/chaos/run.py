@@ -130,6 +130,7 @@ class ChaosRun:
         try:
             await self.bus.ensure_streams()
             await self._wait_until_ready()
+            ready = time.monotonic()
             self._instances_before = {node.name: self._mig_uuids(node) for node in self.config.nodes}
             workers = [asyncio.create_task(self._worker()) for _ in range(self.config.concurrency)]
             faults = asyncio.create_task(self._faults())
@@ -140,7 +141,13 @@ class ChaosRun:
             await faults
             await asyncio.gather(*workers)
             await self._heal()
+            driven = time.monotonic()
             report = await self._check()
+            report["phases_s"] = {
+                "start": round(ready - started, 1),
+                "claims_and_faults": round(driven - ready, 1),
+                "checks": round(time.monotonic() - driven, 1),
+            }
         finally:
             with contextlib.suppress(Exception):
                 await subscription.unsubscribe()
