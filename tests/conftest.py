@@ -41,7 +41,7 @@ def nats_cluster() -> Iterator[NatsCluster]:
 @pytest.fixture
 async def bus(nats_server: NatsServer) -> AsyncIterator[Bus]:
     client = await Bus.connect(
-        BusConfig(servers=(nats_server.url,), name="test", producer="test", publish_retry_s=20.0), wait_s=5
+        BusConfig(servers=(nats_server.url,), name="test", producer="test", publish_retry_s=20.0), wait_s=30
     )
     await client.ensure_streams()
     try:

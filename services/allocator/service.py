@@ -87,6 +87,16 @@ async def run(ctx: ServiceContext, settings: AllocatorSettings) -> None:
 
 
 async def lead(ctx: ServiceContext, settings: AllocatorSettings, lease: LeaderLease) -> None:
+    # Renewals start with the lease, not after the rebuild: a long log must not let it expire.
+    tasks = [asyncio.create_task(lease.hold(ctx.stop))]
+    try:
+        await first(_serve(ctx, settings, tasks), tasks)
+    finally:
+        ctx.stop.set()
+        await settle(tasks)
+
+
+async def _serve(ctx: ServiceContext, settings: AllocatorSettings, tasks: list[asyncio.Task[None]]) -> None:
     ledger = Ledger(
         fleet=FleetState(),
         classes=load_device_classes(settings.device_classes),
@@ -120,8 +130,7 @@ async def lead(ctx: ServiceContext, settings: AllocatorSettings, lease: LeaderLe
     inventory_caught_up = asyncio.Event()
     claims_ready = asyncio.Event()
     results_ready = asyncio.Event()
-    tasks = [
-        asyncio.create_task(lease.hold(ctx.stop)),
+    tasks.append(
         asyncio.create_task(
             ctx.bus.follow(
                 INVENTORY_STREAM,
@@ -130,25 +139,19 @@ async def lead(ctx: ServiceContext, settings: AllocatorSettings, lease: LeaderLe
                 stop=ctx.stop,
                 caught_up=inventory_caught_up,
             )
-        ),
-    ]
-    try:
-        await first(inventory_caught_up.wait(), tasks)
-        tasks.append(
-            asyncio.create_task(
-                ctx.bus.consume(allocator_consumer(), handle, stop=ctx.stop, ready=claims_ready)
-            )
         )
-        tasks.append(
-            asyncio.create_task(
-                ctx.bus.consume(allocator_results_consumer(), handle, stop=ctx.stop, ready=results_ready)
-            )
+    )
+    await first(inventory_caught_up.wait(), tasks)
+    tasks.append(
+        asyncio.create_task(ctx.bus.consume(allocator_consumer(), handle, stop=ctx.stop, ready=claims_ready))
+    )
+    tasks.append(
+        asyncio.create_task(
+            ctx.bus.consume(allocator_results_consumer(), handle, stop=ctx.stop, ready=results_ready)
         )
-        await first(claims_ready.wait(), tasks)
-        await first(results_ready.wait(), tasks)
-        ctx.ready.set()
-        log.info("allocator ready", extra={"policy": settings.policy, "nodes": len(ledger.fleet.node_names)})
-        await first(ctx.stop.wait(), tasks)
-    finally:
-        ctx.stop.set()
-        await settle(tasks)
+    )
+    await first(claims_ready.wait(), tasks)
+    await first(results_ready.wait(), tasks)
+    ctx.ready.set()
+    log.info("allocator ready", extra={"policy": settings.policy, "nodes": len(ledger.fleet.node_names)})
+    await first(ctx.stop.wait(), tasks)

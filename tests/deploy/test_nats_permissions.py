@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -34,6 +35,9 @@ NODE_A = "node-a"
 NODE_B = "gpu-b.lab"  # a dotted name: its user is node-gpu-b_lab, its subjects tangram.node.gpu-b_lab.*
 USER_A = "node-node-a"
 USER_B = "node-gpu-b_lab"
+# How long to wait for what must come (a message, an ack, a refusal): generous for a loaded
+# machine, and spent only when the test fails anyway.
+WAIT_S = 60.0
 
 
 class AuthServer:
@@ -61,8 +65,8 @@ def auth_server(tmp_path: Path) -> Iterator[AuthServer]:
 
 
 async def _bus(auth: AuthServer, user: str) -> Bus:
-    config = BusConfig(servers=(auth.url(user),), name=user, producer=user, publish_retry_s=5.0)
-    return await Bus.connect(config, wait_s=5)
+    config = BusConfig(servers=(auth.url(user),), name=user, producer=user, publish_retry_s=WAIT_S)
+    return await Bus.connect(config, wait_s=WAIT_S)
 
 
 @pytest.fixture
@@ -89,14 +93,14 @@ class Client:
             await self.nc.subscribe(subject)
         else:
             await self.nc.publish(subject, b"{}")
-        await self.nc.flush(timeout=5)
+        await self.nc.flush(timeout=WAIT_S)
         async with self.arrived:
             try:
                 await asyncio.wait_for(
                     self.arrived.wait_for(
                         lambda: any(f'"{subject.lower()}"' in e.lower() for e in self.errors)
                     ),
-                    5,
+                    WAIT_S,
                 )
             except TimeoutError:
                 return False
@@ -125,7 +129,7 @@ async def test_a_wrong_password_is_refused(auth_server: AuthServer) -> None:
     nc = NatsClient()
     try:
         with pytest.raises(nats.errors.Error, match="Authorization"):
-            await nc.connect(url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2)
+            await nc.connect(url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=WAIT_S)
     finally:
         await nc.close()
 
@@ -134,9 +138,9 @@ async def test_node_publishes_its_own_inventory_and_results(auth_server: AuthSer
     node = await _client(auth_server, USER_A)
     try:
         js = node.nc.jetstream()
-        inventory = await js.publish("tangram.inventory.node-a", b"{}", timeout=5)
-        applied = await js.publish("tangram.node.node-a.partition.applied", b"{}", timeout=5)
-        prepared = await js.publish("tangram.node.node-a.claim.prepared", b"{}", timeout=5)
+        inventory = await js.publish("tangram.inventory.node-a", b"{}", timeout=WAIT_S)
+        applied = await js.publish("tangram.node.node-a.partition.applied", b"{}", timeout=WAIT_S)
+        prepared = await js.publish("tangram.node.node-a.claim.prepared", b"{}", timeout=WAIT_S)
     finally:
         await node.nc.close()
     assert (inventory.stream, applied.stream, prepared.stream) == (
@@ -185,11 +189,11 @@ async def test_node_subscribes_to_its_own_subjects_only(auth_server: AuthServer)
     try:
         own = await node.nc.subscribe("tangram.node.gpu-b_lab.>")
         decisions = await node.nc.subscribe("tangram.claim.*.*")
-        await node.nc.flush(timeout=5)
+        await node.nc.flush(timeout=WAIT_S)
         await node.nc.publish("tangram.node.gpu-b_lab.health", b"own")
         await allocator.nc.publish("tangram.claim.allocated.x", b"decision")
-        assert (await own.next_msg(timeout=5)).data == b"own"
-        assert (await decisions.next_msg(timeout=5)).data == b"decision"
+        assert (await own.next_msg(timeout=WAIT_S)).data == b"own"
+        assert (await decisions.next_msg(timeout=WAIT_S)).data == b"decision"
         assert await node.refused("tangram.node.node-a.>", subscribe=True)
         assert await node.refused("tangram.inventory.node-a", subscribe=True)
         assert await node.refused("tangram.>", subscribe=True)
@@ -202,9 +206,9 @@ async def test_allocator_publishes_decisions_and_commands(auth_server: AuthServe
     allocator = await _client(auth_server, "allocator")
     try:
         js = allocator.nc.jetstream()
-        allocated = await js.publish("tangram.claim.allocated.x", b"{}", timeout=5)
-        failed = await js.publish("tangram.claim.failed.y", b"{}", timeout=5)
-        command = await js.publish("tangram.node.gpu-b_lab.partition.requested", b"{}", timeout=5)
+        allocated = await js.publish("tangram.claim.allocated.x", b"{}", timeout=WAIT_S)
+        failed = await js.publish("tangram.claim.failed.y", b"{}", timeout=WAIT_S)
+        command = await js.publish("tangram.node.gpu-b_lab.partition.requested", b"{}", timeout=WAIT_S)
         # The allocator does not speak for a node.
         assert await allocator.refused("tangram.node.node-a.partition.applied")
         assert await allocator.refused("tangram.inventory.node-a")
@@ -266,16 +270,16 @@ async def test_services_work_end_to_end_as_their_own_users(auth_server: AuthServ
         ),
     ]
     try:
-        await asyncio.wait_for(asyncio.gather(*(r.wait() for r in ready), caught_up.wait()), 20)
+        await asyncio.wait_for(asyncio.gather(*(r.wait() for r in ready), caught_up.wait()), WAIT_S)
         request = ClaimRequested(
             key="claim-1", producer="test", namespace="ns", name="c", uid="claim-1", spec={}
         )
         await allocator.publish(request)
-        assert (await asyncio.wait_for(claims.get(), 10)).event_id == request.event_id
+        assert (await asyncio.wait_for(claims.get(), WAIT_S)).event_id == request.event_id
 
         command = _command(NODE_A, "node-a")
         await allocator.publish(command)
-        received = await asyncio.wait_for(commands.get(), 10)
+        received = await asyncio.wait_for(commands.get(), WAIT_S)
         assert isinstance(received, PartitionRequested)
         assert (received.command_id, received.node) == ("cmd-1", NODE_A)
 
@@ -292,7 +296,7 @@ async def test_services_work_end_to_end_as_their_own_users(auth_server: AuthServ
             mig_uuid="MIG-1",
         )
         await node.publish(applied)
-        result = await asyncio.wait_for(results.get(), 10)
+        result = await asyncio.wait_for(results.get(), WAIT_S)
         assert isinstance(result, PartitionApplied)
         assert result.mig_uuid == "MIG-1"
 
@@ -304,9 +308,8 @@ async def test_services_work_end_to_end_as_their_own_users(auth_server: AuthServ
             )
         ]
         assert [e.event_id for e in replayed] == [applied.event_id]
-        for _ in range(500):
-            if followed:
-                break
+        deadline = time.monotonic() + WAIT_S
+        while not followed and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         assert [e.event_id for e in followed] == [request.event_id]
     finally:
@@ -324,9 +327,9 @@ async def test_only_the_allocator_user_can_hold_the_allocator_lease(
     try:
         lease = LeaderLease(allocator, "allocator", "allocator-0")
         stop = asyncio.Event()
-        assert await asyncio.wait_for(lease.acquire(stop), 10) is True
+        assert await asyncio.wait_for(lease.acquire(stop), WAIT_S) is True
         stop_soon = asyncio.get_running_loop().call_later(lease.renew_every_s * 2.5, stop.set)
-        await asyncio.wait_for(lease.hold(stop), 20)  # two renewals, then a clean stop
+        await asyncio.wait_for(lease.hold(stop), WAIT_S)  # two renewals, then a clean stop
         stop_soon.cancel()
         await lease.release()
         assert lease.held is False
@@ -337,9 +340,8 @@ async def test_only_the_allocator_user_can_hold_the_allocator_lease(
         assert await node.refused("$KV.tangram-leader.allocator")
     finally:
         await node.nc.close()
-    for _ in range(200):  # the server writes its log line a moment after telling the client
-        if auth_server.violations():
-            break
-        await asyncio.sleep(0.02)
+    deadline = time.monotonic() + WAIT_S
+    while not auth_server.violations() and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)  # the server writes its log line a moment after telling the client
     [violation] = auth_server.violations()  # the allocator's lease traffic was all permitted
     assert '"$G/user:node-node-a" - Publish Violation - Subject "$KV.tangram-leader.allocator"' in violation

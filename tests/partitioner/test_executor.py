@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
+from typing import Any
 
 import pynvml
 import pytest
 
 from tangram.events import MigPlacement
-from tangram.nvml import calls
+from tangram.hardware.machines import load_machine
+from tangram.nvml import SimNvml, calls
 from tangram.partitioning import InstanceNotFound, MigExecutor, PartitionError
 from tests.partitioner.helpers import MINORS, enable_mig_with_reset, gpu_uuid, sim
 
@@ -228,3 +231,60 @@ def test_half_created_instance_is_seen_as_empty() -> None:
     calls.create_gpu_instance(nvml, nvml.nvmlDeviceGetHandleByIndex(0), 9, 4, 4)
     [observed] = MigExecutor(nvml, minors=MINORS).observe(0)
     assert (observed.empty, observed.mig_uuid, observed.gpu_instance_id) == (True, "", 2)
+
+
+class _FirstReaderPauses(SimNvml):
+    """Holds the first thread that reads GPU UUIDs after its first answer, until told to go on.
+
+    That is the moment a UUID table filled in place holds one GPU out of eight.
+    """
+
+    def __init__(self, machine: str) -> None:
+        super().__init__(load_machine(machine))
+        self.armed = False
+        self.first_reader: int | None = None
+        self.answers = 0
+        self.paused = threading.Event()
+        self.go_on = threading.Event()
+
+    def nvmlDeviceGetUUID(self, device: Any) -> str:
+        uuid = super().nvmlDeviceGetUUID(device)
+        if self.armed:
+            if self.first_reader is None:
+                self.first_reader = threading.get_ident()
+            if self.first_reader == threading.get_ident():
+                self.answers += 1
+                if self.answers == 2:
+                    self.paused.set()
+                    assert self.go_on.wait(timeout=60), "the second caller never finished"
+        return uuid
+
+
+def test_concurrent_first_lookups_by_uuid_both_find_the_gpu() -> None:
+    nvml = _FirstReaderPauses("hgx-h200")
+    nvml.nvmlInit()
+    last = nvml.nvmlDeviceGetCount() - 1
+    wanted = gpu_uuid(nvml, last)
+    executor = MigExecutor(nvml, minors=MINORS)
+    nvml.armed = True
+    first: list[tuple[int, Any, str] | BaseException] = []
+
+    def lookup() -> None:
+        try:
+            first.append(executor.resolve(wanted))
+        except BaseException as error:
+            first.append(error)
+
+    thread = threading.Thread(target=lookup)
+    thread.start()
+    try:
+        assert nvml.paused.wait(timeout=60)  # the first lookup is half-way through reading the GPUs
+        try:
+            index, _, uuid = executor.resolve(wanted)
+        finally:
+            nvml.go_on.set()
+    finally:
+        thread.join(timeout=60)
+    assert (index, uuid) == (last, wanted)
+    assert len(first) == 1 and not isinstance(first[0], BaseException), first
+    assert (first[0][0], first[0][2]) == (last, wanted)

@@ -73,24 +73,34 @@ class LeaderLease:
             try:
                 self._revision = await kv.update(self.role, self.holder.encode(), last=self._revision)
             except nats.js.errors.KeyWrongLastSequenceError as exc:
-                self._revision = await self._take_back_expired(kv)
-                if self._revision is None:
-                    raise LeadershipLost(f"the {self.role} lease was taken over; stopping") from exc
+                if await self._take_back_lapsed(kv):
+                    continue
+                self._revision = None
+                raise LeadershipLost(f"the {self.role} lease was taken over; stopping") from exc
             except (nats.errors.Error, nats.js.errors.Error) as exc:
                 # A renewal that cannot reach NATS is retried; if the TTL passes meanwhile, the next
                 # renewal finds the lease gone or taken and reports the loss.
                 log.warning("lease renewal failed", extra={"role": self.role, "error": str(exc)})
 
-    async def _take_back_expired(self, kv: KeyValue) -> int | None:
-        """After renewals could not reach NATS for a TTL (a server failover on a loaded host), the
-        key may have expired with nobody else holding it: creating it again is the same atomic step
-        as the first acquisition, and spares a restart. None when another holder has it."""
+    async def _take_back_lapsed(self, kv: KeyValue) -> bool:
+        """Keep a lease that only expired: a renewal came late (a stalled or starved process).
+
+        The bucket numbers every write. When nobody wrote the key since our last renewal, our
+        re-creation takes the very next number, and nobody can have led in between. Any other
+        number means someone did (and may have decided claims we never saw): give it back.
+        """
+        previous = self._revision
         try:
             revision = await kv.create(self.role, self.holder.encode())
         except (nats.errors.Error, nats.js.errors.Error):
-            return None
-        log.warning("lease expired during an outage and was taken back", extra={"role": self.role})
-        return revision
+            return False  # someone holds it now, or NATS cannot say: lost either way
+        if previous is not None and revision == previous + 1:
+            self._revision = revision
+            log.warning("lease renewed after it expired; nobody took it meanwhile", extra={"role": self.role})
+            return True
+        with contextlib.suppress(nats.errors.Error, nats.js.errors.Error):
+            await kv.delete(self.role, last=revision)
+        return False
 
     async def release(self) -> None:
         """Give the lease up at once so that a follower need not wait for the TTL."""

@@ -9,13 +9,20 @@ import shutil
 import sys
 
 from tangram.demo.cluster import LocalCluster, SimNode
+from tangram.demo.display import render_summary
 from tangram.demo.driver import drive
 
 DEFAULT_NODES = ["node-a=hgx-h200", "node-b=h100-nvl-4x2"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--duration", type=float, default=20.0, help="seconds of claim churn (default 20)")
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=20.0,
+        help="seconds of claims, counted from the first one once the cluster is up (default 20); "
+        "however short, the run still shows MIG instances created and destroyed by the churn",
+    )
     parser.add_argument("--json", action="store_true", help="end with one JSON summary object on stdout")
     parser.add_argument(
         "--node",
@@ -65,8 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary))
     else:
-        print("\nsummary")
-        for key, value in summary.items():
-            print(f"  {key}: {value}")
+        print()
+        print(render_summary(summary))
     healthy = summary["clean_shutdown"] and summary["undecided"] == 0 and summary["prepare_failed"] == 0
     return 0 if healthy else 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import socket
 import statistics
@@ -37,6 +38,8 @@ from tangram.events import (
 from tangram.kubelet.client import ClaimHandle, KubeletClient
 
 DECISION_TIMEOUT_S = 30.0
+SETTLE_TIMEOUT_S = 60.0  # released MIG instances destroyed, on a loaded machine
+MAX_CHURN_STEPS = 400
 
 
 @dataclass
@@ -49,10 +52,29 @@ class Tracker:
     decisions: dict[str, asyncio.Future[Event]] = field(default_factory=dict)
     inventories: dict[str, NodeInventory] = field(default_factory=dict)
     destroy_requested: set[str] = field(default_factory=set)
-    destroy_done: set[str] = field(default_factory=set)
-    mig_created: int = 0
+    destroy_done: set[str] = field(default_factory=set)  # applied or failed
+    destroys_of: Counter[str] = field(default_factory=Counter)  # claim uid -> destroy commands seen
+    created: set[str] = field(default_factory=set)  # command ids of applied creates
+    mig_destroyed: int = 0
     commanded: dict[str, float] = field(default_factory=dict)  # command id -> when it was seen
     command_ms: list[float] = field(default_factory=list)  # partition command -> applied
+    _news: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def mig_created(self) -> int:
+        return len(self.created)
+
+    async def wait_until(self, condition: Callable[[], bool], timeout_s: float) -> bool:
+        """Whether `condition` came true within `timeout_s`; checked again after every event."""
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._news.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._news.wait(), remaining)
+        return True
 
     async def on_message(self, msg: Msg) -> None:
         try:
@@ -67,6 +89,10 @@ class Tracker:
         elif isinstance(event, PartitionApplied) and event.command_id in self.commanded:
             self.command_ms.append((now - self.commanded.pop(event.command_id)) * 1000)
         self.out(f"+{time.monotonic() - self.started:7.2f}s  {event.type_name():<19} {describe(event)}")
+        self._record(event)
+        self._news.set()
+
+    def _record(self, event: Event) -> None:
         match event:
             case NodeInventory(hardware=hw):
                 self.inventories[hw.node] = event
@@ -74,14 +100,17 @@ class Tracker:
                 future = self.decisions.get(uid)
                 if future is not None and not future.done():
                     future.set_result(event)
-            case PartitionRequested(action="destroy", command_id=command_id):
+            case PartitionRequested(action="destroy", command_id=command_id, claim_uid=uid):
+                if command_id not in self.destroy_requested:
+                    self.destroys_of[uid] += 1
                 self.destroy_requested.add(command_id)
-            case PartitionApplied(action="create"):
-                self.mig_created += 1
-            case (
-                PartitionApplied(action="destroy", command_id=command_id)
-                | PartitionFailed(action="destroy", command_id=command_id)
-            ):
+            case PartitionApplied(action="create", command_id=command_id):
+                self.created.add(command_id)
+            case PartitionApplied(action="destroy", command_id=command_id):
+                if command_id not in self.destroy_done:
+                    self.mig_destroyed += 1
+                self.destroy_done.add(command_id)
+            case PartitionFailed(action="destroy", command_id=command_id):
                 self.destroy_done.add(command_id)
             case _:
                 pass
@@ -92,6 +121,7 @@ class Held:
     claim: DemoClaim
     uid: str
     node: str
+    mig_instances: int = 0  # each is destroyed by its node once the claim is released
 
 
 @dataclass
@@ -103,6 +133,8 @@ class Driver:
     outcomes: Counter[str] = field(default_factory=Counter)
     held: list[Held] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
+    decision_timeout_s: float = DECISION_TIMEOUT_S
+    released_mig: dict[str, int] = field(default_factory=dict)  # released claim uid -> its MIG instances
 
     async def submit(self, claim: DemoClaim) -> Held | None:
         uid = str(uuid.uuid4())
@@ -115,7 +147,7 @@ class Driver:
             )
         )
         try:
-            decision = await asyncio.wait_for(future, DECISION_TIMEOUT_S)
+            decision = await asyncio.wait_for(future, self.decision_timeout_s)
         except TimeoutError:
             self.outcomes["undecided"] += 1
             return None
@@ -134,12 +166,15 @@ class Driver:
         else:
             self.outcomes["ready"] += 1
             self.ready_ms.append((time.perf_counter() - started) * 1000)
-        held = Held(claim, uid, decision.node)
+        mig_instances = sum(1 for d in decision.devices if d.placement is not None and not d.admin_access)
+        held = Held(claim, uid, decision.node, mig_instances)
         self.held.append(held)
         return held
 
     async def release(self, held: Held) -> None:
         self.held.remove(held)
+        if held.mig_instances:
+            self.released_mig[held.uid] = held.mig_instances
         async with KubeletClient(self.cluster.dra_socket(held.node)) as kubelet:
             await kubelet.unprepare([ClaimHandle(held.claim.namespace, held.uid, held.claim.name)])
         await self.bus.publish(
@@ -152,6 +187,16 @@ class Driver:
             )
         )
         self.outcomes["released"] += 1
+
+    def unsettled(self) -> int:
+        """Destroys still to come: MIG instances of released claims without a destroy result."""
+        tracker = self.tracker
+        uncommanded = sum(max(0, n - tracker.destroys_of[uid]) for uid, n in self.released_mig.items())
+        return uncommanded + len(tracker.destroy_requested - tracker.destroy_done)
+
+    async def settle(self, timeout_s: float) -> bool:
+        """Wait until every released claim's MIG instances are destroyed (or the destroy refused)."""
+        return await self.tracker.wait_until(lambda: self.unsettled() == 0, timeout_s)
 
 
 def _listening(path: Path) -> bool:
@@ -194,36 +239,67 @@ async def wait_for_cluster(
         await asyncio.sleep(0.2)
 
 
+async def churn_until(driver: Driver, rng: random.Random, *, until: float, want_mig: bool) -> dict[str, int]:
+    """Random arrivals and departures until the monotonic clock reads `until`.
+
+    With `want_mig` (a fleet that partitions at all), the churn also goes on until it has itself
+    had a MIG instance created and one destroyed: the story a short demo must still tell on a
+    slow machine. MAX_CHURN_STEPS bounds it where the fleet cannot tell that story.
+    """
+    tracker = driver.tracker
+    created, destroyed = tracker.mig_created, tracker.mig_destroyed
+
+    def told() -> bool:
+        return not want_mig or (tracker.mig_created > created and tracker.mig_destroyed > destroyed)
+
+    steps = claims = releases = 0
+    while steps < MAX_CHURN_STEPS and (time.monotonic() < until or not told()):
+        steps += 1
+        releasable = [h for h in driver.held if not h.claim.hold]
+        if releasable and (len(releasable) > 6 or rng.random() < 0.4):
+            await driver.release(rng.choice(releasable))
+            releases += 1
+        else:
+            await driver.submit(churn(rng, steps))
+            claims += 1
+    return {
+        "claims": claims,
+        "releases": releases,
+        "mig_created": tracker.mig_created - created,
+        "mig_destroyed": tracker.mig_destroyed - destroyed,
+    }
+
+
 async def drive(
     cluster: LocalCluster, *, duration_s: float, seed: int, out: Callable[[str], None]
 ) -> dict[str, Any]:
+    """Opening, churn for `duration_s` counted from the first claim, release of everything."""
     started = time.monotonic()
     tracker = Tracker(started=started, out=out)
     bus = await Bus.connect(BusConfig(servers=(cluster.url,), name="demo", producer="demo"), wait_s=10)
     subscription = await bus.nats.subscribe("tangram.>", cb=tracker.on_message)
+    drained = False
     try:
         await bus.ensure_streams()
         await wait_for_cluster(cluster, bus, tracker)
+        first_claim = time.monotonic()
+        out(f"+{first_claim - started:7.2f}s  cluster ready; {duration_s:g} s of claims start now")
         driver = Driver(cluster, bus, tracker)
         for claim in opening():
             await driver.submit(claim)
         rng = random.Random(seed)  # noqa: S311 - a reproducible workload, not a secret
-        number = 0
-        while time.monotonic() - started < duration_s:
-            number += 1
-            releasable = [h for h in driver.held if not h.claim.hold]
-            if releasable and (len(releasable) > 6 or rng.random() < 0.4):
-                await driver.release(rng.choice(releasable))
-            else:
-                await driver.submit(churn(rng, number))
+        churned = await churn_until(
+            driver, rng, until=first_claim + duration_s, want_mig=tracker.mig_created > 0
+        )
         for held in list(driver.held):
             await driver.release(held)
-        deadline = time.monotonic() + 20
-        while tracker.destroy_requested - tracker.destroy_done and time.monotonic() < deadline:  # noqa: ASYNC110
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.2)  # let the last results reach the tracker
+        await driver.settle(SETTLE_TIMEOUT_S)
+        # Everything the services published until now reaches the tracker before it is read.
+        await subscription.drain()  # type: ignore[no-untyped-call]  # nats-py leaves it unannotated
+        drained = True
     finally:
-        await subscription.unsubscribe()
+        if not drained:
+            await subscription.unsubscribe()
         await bus.close()
     ready = sorted(driver.ready_ms)
     commands = sorted(tracker.command_ms)
@@ -237,12 +313,16 @@ async def drive(
         "prepare_failed": driver.outcomes["prepare_failed"],
         "released": driver.outcomes["released"],
         "mig_created": tracker.mig_created,
-        "mig_destroyed": len(tracker.destroy_done),
-        "mig_destroy_pending": len(tracker.destroy_requested - tracker.destroy_done),
+        "mig_destroyed": tracker.mig_destroyed,
+        "mig_destroy_refused": len(tracker.destroy_done) - tracker.mig_destroyed,
+        "mig_destroy_pending": driver.unsettled(),
+        "churn": churned,
         "claim_to_ready_ms": _percentiles(ready),
         "partition_command_to_applied_ms": _percentiles(commands),
         "events": dict(sorted(tracker.counts.items())),
         "failure_reasons": driver.reasons,
+        "startup_s": round(first_claim - started, 2),
+        "claims_s": round(time.monotonic() - first_claim, 2),
         "duration_s": round(time.monotonic() - started, 2),
     }
 

@@ -64,6 +64,9 @@ def opening() -> list[DemoClaim]:
         DemoClaim("ml", "llm-tensor-parallel", whole_gpus(4, nvlink=True), hold=True),
         DemoClaim("ml", "embedder", mig("1g.")),
         DemoClaim("ml", "reranker", mig("3g.")),
+        # No default demo machine starts with a 2g instance (hgx-h200 has a 3g and a 1g), so this
+        # claim always has one created live, however the rest of the run goes.
+        DemoClaim("ml", "summarizer", mig("2g.")),
         DemoClaim("ml", "fine-tune", whole_gpus(2, nvlink=True)),
         DemoClaim("ml", "too-big", whole_gpus(16)),
     ]

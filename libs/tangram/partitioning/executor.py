@@ -38,7 +38,8 @@ class MigExecutor:
         """`minors` is the parsed mig-minors table (tangram.nvml.parse_mig_minors)."""
         self._nvml = nvml
         self._minors = minors
-        self._index_by_uuid: dict[str, int] = {}
+        # Built once, on first use; replaced whole, never filled in place (see _uuid_table).
+        self._index_by_uuid: dict[str, int] | None = None
 
     # ---- GPUs and profiles --------------------------------------------------------------------------
 
@@ -53,14 +54,27 @@ class MigExecutor:
                 raise PartitionError(f"GPU index {gpu} does not exist on this node")
             device = nvml.nvmlDeviceGetHandleByIndex(gpu)
             return gpu, device, calls.text(nvml.nvmlDeviceGetUUID(device))
-        if not self._index_by_uuid:
-            for index in range(nvml.nvmlDeviceGetCount()):
-                device = nvml.nvmlDeviceGetHandleByIndex(index)
-                self._index_by_uuid[calls.text(nvml.nvmlDeviceGetUUID(device))] = index
-        found = self._index_by_uuid.get(gpu)
+        found = self._uuid_table().get(gpu)
         if found is None:
             raise PartitionError(f"GPU {gpu} is not on this node")
         return found, nvml.nvmlDeviceGetHandleByIndex(found), gpu
+
+    def _uuid_table(self) -> dict[str, int]:
+        """UUID -> index of every GPU on the node.
+
+        The partitioner works several GPUs at once from worker threads, so first calls can run
+        concurrently: each builds a complete table and only then publishes it (one attribute store),
+        so no caller ever reads a table that another one is still filling.
+        """
+        table = self._index_by_uuid
+        if table is None:
+            nvml = self._nvml
+            table = {
+                calls.text(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(index))): index
+                for index in range(nvml.nvmlDeviceGetCount())
+            }
+            self._index_by_uuid = table
+        return table
 
     def _gi_profiles(self, device: Any) -> list[Any]:
         """GPU-instance profile infos; NVML is queried by profile index and answers the real id."""
