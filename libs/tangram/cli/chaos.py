@@ -10,6 +10,8 @@ import shutil
 import sys
 
 from tangram.chaos import ChaosConfig, chaos
+from tangram.chaos.run import DEFAULT_NODES
+from tangram.cli.demo import parse_nodes
 from tangram.natsserver import NatsServerError
 
 
@@ -54,6 +56,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="mean seconds between faults (default 1)",
     )
+    parser.add_argument(
+        "--node",
+        action="append",
+        metavar="NAME=MACHINE",
+        help="a simulated node (repeatable; default "
+        + " ".join(f"{n.name}={n.machine}" for n in DEFAULT_NODES)
+        + ")",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, stores, CDI specs)")
 
 
@@ -64,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         duration_limit_s=args.duration_limit,
         concurrency=args.concurrency,
         fault_interval_s=args.fault_interval,
+        nodes=tuple(parse_nodes(args.node)) if args.node else DEFAULT_NODES,
     )
     try:
         report, cluster = asyncio.run(chaos(config))
