@@ -29,6 +29,7 @@ from tangram.bus.declarations import (
     LEADER_BUCKET,
     allocator_consumer,
     allocator_results_consumer,
+    node_partition_subjects,
     partition_result_subjects,
     partitioner_consumer,
 )
@@ -86,38 +87,59 @@ def node_user(node: str) -> str:
         raise NatsAuthError(f"node {node!r}: {exc}") from None
 
 
-def _durable_api(stream: str, durable: str) -> list[str]:
-    # nats-py creates a durable on the legacy subject; newer clients name it with a filter suffix.
+def inbox(user: str) -> str:
+    """Where a user's replies arrive; its connections set `inbox_prefix` to this (tangram.bus does)."""
+    return f"_INBOX_{user}"
+
+
+def _durable_api(stream: str, durable: str, filters: Sequence[str]) -> list[str]:
+    """Create (only with its own filter, when it has one), inspect, pull from and ack one durable."""
+    create = f"$JS.API.CONSUMER.CREATE.{stream}.{durable}"
     return [
-        f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.{durable}",
-        f"$JS.API.CONSUMER.CREATE.{stream}.{durable}",
-        f"$JS.API.CONSUMER.CREATE.{stream}.{durable}.>",
+        f"{create}.{filters[0]}" if len(filters) == 1 else create,
         f"$JS.API.CONSUMER.INFO.{stream}.{durable}",
         f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}",
         f"$JS.ACK.{stream}.{durable}.>",
     ]
 
 
-def _follow_api(stream: str) -> list[str]:
-    """An ordered (ephemeral push) consumer: create, info, flow-control replies.
+def _follow_api(stream: str, filters: Sequence[str]) -> list[str]:
+    """Short-lived named push consumers (follow, replay): created only with these filters
+    (() means the whole stream), deleted when done; flow-control replies.
 
-    Nothing deletes it: the server removes it once inactive, so no delete right is needed.
+    The name is a wildcard (`<user>-<random>` by convention); what keeps a user off the durables
+    of others is the deny list built by `_not_yours`.
     """
-    return [
-        f"$JS.API.CONSUMER.CREATE.{stream}",
-        f"$JS.API.CONSUMER.INFO.{stream}.*",
-        f"$JS.FC.{stream}.>",
+    creates = [f"$JS.API.CONSUMER.CREATE.{stream}.*.{f}" for f in filters] or [
+        f"$JS.API.CONSUMER.CREATE.{stream}.*"
     ]
+    return [*creates, f"$JS.API.CONSUMER.DELETE.{stream}.*", f"$JS.FC.{stream}.>"]
 
 
-def _replay_api(stream: str) -> list[str]:
-    """An ephemeral push consumer read to the end: create, flow-control replies, delete when done."""
+def _multi_filter_api(stream: str) -> list[str]:
+    """A named consumer with several filters: the create subject cannot carry them."""
     return [
-        f"$JS.API.CONSUMER.CREATE.{stream}",
-        f"$JS.API.CONSUMER.INFO.{stream}.*",
+        f"$JS.API.CONSUMER.CREATE.{stream}.*",
         f"$JS.API.CONSUMER.DELETE.{stream}.*",
         f"$JS.FC.{stream}.>",
     ]
+
+
+def _not_yours(durables: Iterable[tuple[str, str]]) -> list[str]:
+    """Every API call naming another role's durable: a create would rewrite its filter (a hijack),
+    an info, pull, ack or delete would read or steal its messages."""
+    denied: list[str] = []
+    for stream, durable in durables:
+        denied += [
+            f"$JS.API.CONSUMER.CREATE.{stream}.{durable}",
+            f"$JS.API.CONSUMER.CREATE.{stream}.{durable}.>",
+            f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.{durable}",
+            f"$JS.API.CONSUMER.INFO.{stream}.{durable}",
+            f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}",
+            f"$JS.API.CONSUMER.DELETE.{stream}.{durable}",
+            f"$JS.ACK.{stream}.{durable}.>",
+        ]
+    return denied
 
 
 def _lease_api(role: str) -> list[str]:
@@ -132,20 +154,36 @@ def _lease_api(role: str) -> list[str]:
 
 
 def _stream_info() -> list[str]:
-    return [f"$JS.API.STREAM.INFO.{stream}" for stream in ALL_STREAMS]
+    # Every service checks at start that the streams and the leader bucket exist as declared.
+    streams = [*ALL_STREAMS, f"KV_{LEADER_BUCKET.bucket}"]
+    return [f"$JS.API.STREAM.INFO.{stream}" for stream in streams]
 
 
 def _unique(subjects: Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(subjects))
 
 
+# Replies go to each user's own inbox prefix; the shared default one is nobody's.
+_SHARED_INBOX = "_INBOX.>"
+
+
 def admin_permissions() -> Permissions:
-    return Permissions(publish_allow=("$JS.API.>",), subscribe_allow=("_INBOX.>",))
+    return Permissions(
+        publish_allow=("$JS.API.>",),
+        subscribe_allow=(f"{inbox(ADMIN_USER)}.>",),
+        subscribe_deny=(_SHARED_INBOX,),
+    )
+
+
+def _central_durables() -> list[tuple[str, str]]:
+    return [(spec.stream, spec.durable) for spec in (allocator_consumer(), allocator_results_consumer())]
 
 
 def allocator_permissions(nodes: Sequence[str] = ()) -> Permissions:
-    """The allocator; `nodes` name the partitioner durables it must not pull from (its replay
-    of TANGRAM_NODES pulls through ephemeral consumers, whose names are not known in advance)."""
+    """The allocator: decides claims, commands partitions, replays the whole log at start.
+
+    `nodes` name the partitioner durables it must not touch.
+    """
     claims = allocator_consumer()
     results = allocator_results_consumer()
     publish = [
@@ -153,55 +191,62 @@ def allocator_permissions(nodes: Sequence[str] = ()) -> Permissions:
         "tangram.node.*.partition.requested",
         f"tangram.deadletter.{subject_token(claims.durable)}",
         f"tangram.deadletter.{subject_token(results.durable)}",
+        f"tangram.deadletter.{ALLOCATOR_USER}-follow",
         *_stream_info(),
-        *_durable_api(claims.stream, claims.durable),
-        *_durable_api(results.stream, results.durable),
-        *_follow_api(INVENTORY_STREAM),
-        *_replay_api(INVENTORY_STREAM),
-        *_replay_api(CLAIMS_STREAM),
-        *_replay_api(NODES_STREAM),
-        *_lease_api("allocator"),
+        *_durable_api(claims.stream, claims.durable, claims.filter_subjects),
+        *_durable_api(results.stream, results.durable, results.filter_subjects),
+        *_follow_api(INVENTORY_STREAM, ()),
+        *_follow_api(INVENTORY_STREAM, ("tangram.inventory.>",)),
+        *_follow_api(CLAIMS_STREAM, ()),
+        *_follow_api(NODES_STREAM, partition_result_subjects()),
+        *_multi_filter_api(NODES_STREAM),
+        *_lease_api(ALLOCATOR_USER),
     ]
-    subscribe = [
-        "_INBOX.>",
-        "tangram.inventory.*",
-        "tangram.claim.*.*",
-        *partition_result_subjects(),
-    ]
-    deny = [
-        f"$JS.API.CONSUMER.{call}.{NODES_STREAM}.{partitioner_consumer(node).durable}"
-        for node in nodes
-        for call in ("MSG.NEXT", "DELETE")
-    ]
+    deny = _not_yours((NODES_STREAM, partitioner_consumer(node).durable) for node in nodes)
     return Permissions(
-        publish_allow=_unique(publish), subscribe_allow=_unique(subscribe), publish_deny=_unique(deny)
+        publish_allow=_unique(publish),
+        subscribe_allow=(f"{inbox(ALLOCATOR_USER)}.>",),
+        publish_deny=_unique(deny),
+        subscribe_deny=(_SHARED_INBOX,),
     )
 
 
 def node_permissions(node: str, others: Sequence[str] = ()) -> Permissions:
-    """A node's services: own subjects only. `others` are the fleet's other nodes, denied by name."""
+    """A node's services: their own node's subjects only. `others` are the fleet's other nodes.
+
+    They publish the node's inventory, results, prepared claims and health; consume the node's
+    partition commands through its own durable; follow the claim decisions (a claim's subject
+    names its uid, not its node), their own inventory and their own partition subjects.
+    """
     token = subject_token(node)
-    durable = partitioner_consumer(node).durable
+    user = node_user(node)
+    durable = partitioner_consumer(node)
     publish = [
         f"tangram.inventory.{token}",
         f"tangram.node.{token}.>",
-        f"tangram.deadletter.{subject_token(durable)}",
+        f"tangram.deadletter.{subject_token(durable.durable)}",
+        f"tangram.deadletter.{user}-follow",
         *_stream_info(),
-        *_durable_api(NODES_STREAM, durable),
-        *_follow_api(INVENTORY_STREAM),
-        *_follow_api(CLAIMS_STREAM),
-        *_follow_api(NODES_STREAM),
+        *_durable_api(NODES_STREAM, durable.durable, durable.filter_subjects),
+        *_follow_api(INVENTORY_STREAM, (f"tangram.inventory.{token}",)),
+        *_follow_api(NODES_STREAM, (node_partition_subjects(node),)),
+        *_multi_filter_api(CLAIMS_STREAM),
     ]
-    # Partition commands come from the allocator only. Other nodes' durables are not ours to look
-    # at (the ephemeral consumers' info wildcard would otherwise reach them).
-    deny = [f"tangram.node.{token}.partition.requested"]
-    for other in others:
-        other_durable = partitioner_consumer(other).durable
-        if other_durable != durable:
-            deny.append(f"$JS.API.CONSUMER.INFO.{NODES_STREAM}.{other_durable}")
-    subscribe = ["_INBOX.>", f"tangram.inventory.{token}", f"tangram.node.{token}.>", "tangram.claim.*.*"]
+    # Partition commands come from the allocator only; nobody else's durables are ours.
+    others_durables = [
+        (NODES_STREAM, partitioner_consumer(other).durable)
+        for other in others
+        if partitioner_consumer(other).durable != durable.durable
+    ]
+    deny = [
+        f"tangram.node.{token}.partition.requested",
+        *_not_yours([*_central_durables(), *others_durables]),
+    ]
     return Permissions(
-        publish_allow=_unique(publish), subscribe_allow=_unique(subscribe), publish_deny=_unique(deny)
+        publish_allow=_unique(publish),
+        subscribe_allow=(f"{inbox(user)}.>",),
+        publish_deny=_unique(deny),
+        subscribe_deny=(_SHARED_INBOX,),
     )
 
 

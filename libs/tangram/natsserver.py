@@ -255,6 +255,7 @@ class NatsCluster:
         name: str = "tangram",
         host: str = "127.0.0.1",
         startup_timeout: float = 30.0,
+        config_file: Path | None = None,
     ) -> None:
         if size < 1:
             raise ValueError("a cluster has at least one server")
@@ -263,6 +264,7 @@ class NatsCluster:
         self.name = name
         self.host = host
         self.startup_timeout = startup_timeout
+        self.config_file = config_file  # e.g. the authorization, the same on every server
         self.servers: list[NatsServer] = []
 
     @property
@@ -292,6 +294,7 @@ class NatsCluster:
                 self.root / f"n{index}",
                 host=self.host,
                 startup_timeout=self.startup_timeout,
+                config_file=self.config_file,
                 cluster=ClusterMembership(self.name, f"n{index}", route_port, route_ports),
             )
             for index, route_port in enumerate(route_ports)

@@ -19,6 +19,7 @@ from tangram.allocation import DeviceClass, FleetState
 from tangram.allocation.ledger import Ledger
 from tangram.bus import (
     LeaderLease,
+    Poison,
     allocator_consumer,
     allocator_log_sources,
     allocator_results_consumer,
@@ -29,6 +30,8 @@ from tangram.events import (
     ClaimFailed,
     ClaimRequested,
     Event,
+    PartitionApplied,
+    PartitionFailed,
 )
 from tangram.k8s.deviceclasses import load_shipped_device_classes
 from tangram.service import ServiceContext, first, settle
@@ -112,6 +115,10 @@ async def _serve(ctx: ServiceContext, settings: AllocatorSettings, tasks: list[a
     gc.freeze()
 
     async def handle(event: Event) -> None:
+        if isinstance(event, PartitionApplied | PartitionFailed):
+            unanswered = ledger.unanswered(event)
+            if unanswered is not None:
+                raise Poison(unanswered)
         started = time.perf_counter()
         outputs = ledger.apply(event)
         if isinstance(event, ClaimRequested) and outputs:

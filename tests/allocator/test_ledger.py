@@ -293,14 +293,46 @@ def test_a_refused_destroy_keeps_the_instances_slices_out_of_later_decisions() -
     assert create.gpu_index not in {d.devices[0].gpu_index for d in placed}
 
 
-def test_a_failure_of_a_command_no_decision_names_fails_no_claim() -> None:
-    """A create sent before an allocator crash, for a claim decided differently after it."""
+def test_a_partition_failure_from_another_node_fails_nothing() -> None:
     book = ledger()
     book.apply(inventory("dgx-h100", "n1"), live=False)
-    command, allocated = book.apply(request(1, mig("1g.10gb")))
+    book.apply(inventory("dgx-h100", "n2"), live=False)
+    command, allocated = book.apply(request(1, mig("7g.80gb")))
     assert isinstance(command, PartitionRequested) and isinstance(allocated, ClaimAllocated)
-    stray = msgspec.structs.replace(
-        _partition_failure(command, allocated.uid), command_id="sent-before-the-crash"
+    other = "n2" if command.node == "n1" else "n1"
+    forged = msgspec.structs.replace(_partition_failure(command, allocated.uid), key=other, node=other)
+    assert book.unanswered(forged) == (
+        f"create result from node {other!r} for command {command.command_id!r}, "
+        f"which was sent to node {command.node!r}"
     )
-    assert book.apply(stray) == []
-    assert book.decided[allocated.uid] == "allocated" and book.fleet.allocation(allocated.uid) is not None
+    assert book.apply(forged) == []
+    assert book.fleet.allocation(allocated.uid) is not None
+    assert book.decided[allocated.uid] == "allocated"
+
+
+def test_a_partition_failure_for_a_command_never_sent_fails_nothing() -> None:
+    book = ledger()
+    book.apply(inventory("dgx-h100", "n1"), live=False)
+    command, allocated = book.apply(request(1, mig("7g.80gb")))
+    assert isinstance(command, PartitionRequested) and isinstance(allocated, ClaimAllocated)
+    # The claim uid is right, the command id is made up: the uid alone proves nothing.
+    forged = msgspec.structs.replace(_partition_failure(command, allocated.uid), command_id="made-up")
+    assert book.unanswered(forged) == "create result for command 'made-up', which was never sent"
+    assert book.apply(forged) == []
+    assert book.fleet.allocation(allocated.uid) is not None
+
+
+def test_a_rebuilt_ledger_still_knows_which_node_each_command_went_to() -> None:
+    live = ledger()
+    live.apply(inventory("dgx-h100", "n1"), live=False)
+    live.apply(inventory("dgx-h100", "n2"), live=False)
+    command, allocated = live.apply(request(1, mig("7g.80gb")))
+    assert isinstance(command, PartitionRequested) and isinstance(allocated, ClaimAllocated)
+    rebuilt = ledger()
+    fold(rebuilt, [inventory("dgx-h100", "n1"), inventory("dgx-h100", "n2"), allocated])
+    other = "n2" if command.node == "n1" else "n1"
+    forged = msgspec.structs.replace(_partition_failure(command, allocated.uid), key=other, node=other)
+    assert rebuilt.apply(forged, live=False) == []
+    assert rebuilt.fleet.allocation(allocated.uid) is not None
+    genuine = _partition_failure(command, allocated.uid)
+    assert rebuilt.unanswered(genuine) is None

@@ -14,9 +14,11 @@ from tangram.events import (
     CLAIMS_STREAM,
     DEADLETTER_STREAM,
     ClaimFailed,
+    ClaimReleased,
     ClaimRequested,
     DeadLetter,
     Event,
+    encode,
 )
 from tangram.natsserver import NatsServer
 
@@ -315,8 +317,8 @@ async def test_keyed_consumer_keeps_order_per_key_and_runs_keys_concurrently(bus
             CLAIMS_CONSUMER,
             handler,
             stop=stop,
-            order_by=lambda e: e.namespace,
-            concurrency=2,  # type: ignore[attr-defined]
+            order_by=lambda e: e.namespace,  # type: ignore[attr-defined]
+            concurrency=2,
         )
     )
     try:
@@ -332,3 +334,96 @@ async def test_keyed_consumer_keeps_order_per_key_and_runs_keys_concurrently(bus
 async def _until(condition: Callable[[], bool]) -> None:
     while not condition():
         await asyncio.sleep(0.02)
+
+
+def _forged_release() -> tuple[str, bytes]:
+    """A release for claim uid-0001, published where claims are requested: never a release."""
+    uid = "uid-0001"
+    release = ClaimReleased(key=uid, namespace="team-a", name="claim-1", uid=uid)
+    return f"tangram.claim.requested.{uid}", encode(release)
+
+
+async def _letters(bus: Bus) -> list[DeadLetter]:
+    return [e for _, e in await collect(bus, DEADLETTER_STREAM) if isinstance(e, DeadLetter)]
+
+
+async def test_consumer_dead_letters_an_event_its_subject_may_not_carry(bus: Bus) -> None:
+    subject, data = _forged_release()
+    await bus.jetstream.publish(subject, data)
+    genuine = claim(2)
+    await bus.publish(genuine)
+    handled: list[str] = []
+
+    async def handler(event: Event) -> None:
+        handled.append(event.event_id)
+
+    await run_consumer(bus, CLAIMS_CONSUMER, handler, until=lambda: bool(handled))
+    assert handled == [genuine.event_id]
+    [letter] = await _letters(bus)
+    assert (letter.consumer, letter.original_subject, letter.data) == ("test-claims", subject, data)
+    assert letter.reason == (
+        f"refused by subject: claim.released on '{subject}': this subject carries claim.requested only"
+    )
+
+
+async def test_follow_dead_letters_and_skips_what_its_subject_may_not_carry(bus: Bus) -> None:
+    subject, data = _forged_release()
+    await bus.jetstream.publish(subject, data)
+    genuine = claim(2)
+    await bus.publish(genuine)
+    seen: list[str] = []
+    stop = asyncio.Event()
+    caught_up = asyncio.Event()
+    task = asyncio.create_task(
+        bus.follow(
+            CLAIMS_STREAM,
+            "tangram.claim.requested.>",
+            lambda e: seen.append(e.event_id),
+            stop=stop,
+            caught_up=caught_up,
+        )
+    )
+    await asyncio.wait_for(caught_up.wait(), 10)
+    stop.set()
+    await task
+    assert seen == [genuine.event_id]
+    [letter] = await _letters(bus)
+    assert (letter.consumer, letter.original_subject) == ("test-follow", subject)
+    assert letter.reason.startswith("refused by subject: claim.released on")
+
+
+async def test_replay_skips_what_its_subject_may_not_carry(bus: Bus) -> None:
+    subject, data = _forged_release()
+    await bus.jetstream.publish(subject, data)
+    genuine = claim(2)
+    await bus.publish(genuine)
+    assert [e.event_id for _, e in await collect(bus, CLAIMS_STREAM)] == [genuine.event_id]
+
+
+async def test_follow_goes_on_after_the_server_restarts(nats_server: NatsServer, bus: Bus) -> None:
+    first, second = claim(1), claim(2)
+    await bus.publish(first)
+    seen: list[str] = []
+    arrived = asyncio.Event()
+
+    def handler(event: Event) -> None:
+        seen.append(event.event_id)
+        if event.event_id == second.event_id:
+            arrived.set()
+
+    stop = asyncio.Event()
+    caught_up = asyncio.Event()
+    task = asyncio.create_task(
+        bus.follow(CLAIMS_STREAM, "tangram.claim.requested.>", handler, stop=stop, caught_up=caught_up)
+    )
+    try:
+        await asyncio.wait_for(caught_up.wait(), 10)
+        # The follower's consumer lives in the server's memory: a restart loses it.
+        nats_server.stop()
+        nats_server.start()
+        await bus.publish(second)
+        await asyncio.wait_for(arrived.wait(), 30)
+    finally:
+        stop.set()
+        await task
+    assert seen == [first.event_id, second.event_id]  # nothing lost, nothing twice

@@ -19,16 +19,18 @@ from tangram.bus import (
     allocator_results_consumer,
     partitioner_consumer,
 )
+from tangram.bus.declarations import CLAIM_DECISION_SUBJECTS
 from tangram.events import (
     CLAIMS_STREAM,
     NODES_STREAM,
+    ClaimFailed,
     ClaimRequested,
     Event,
     MigPlacement,
     PartitionApplied,
     PartitionRequested,
 )
-from tangram.natsauth import build_users, render_users
+from tangram.natsauth import build_users, inbox, render_users
 from tangram.natsserver import NatsServer
 
 NODE_A = "node-a"
@@ -116,7 +118,7 @@ async def _client(auth: AuthServer, user: str) -> Client:
             errors.append(str(exc))
             arrived.notify_all()
 
-    nc = await nats.connect(auth.url(user), error_cb=record, allow_reconnect=False)
+    nc = await nats.connect(auth.url(user), error_cb=record, allow_reconnect=False, inbox_prefix=inbox(user))
     return Client(nc, errors, arrived)
 
 
@@ -187,13 +189,12 @@ async def test_node_subscribes_to_its_own_subjects_only(auth_server: AuthServer)
     node = await _client(auth_server, USER_B)
     allocator = await _client(auth_server, "allocator")
     try:
-        own = await node.nc.subscribe("tangram.node.gpu-b_lab.>")
-        decisions = await node.nc.subscribe("tangram.claim.*.*")
-        await node.nc.flush(timeout=WAIT_S)
-        await node.nc.publish("tangram.node.gpu-b_lab.health", b"own")
-        await allocator.nc.publish("tangram.claim.allocated.x", b"decision")
-        assert (await own.next_msg(timeout=WAIT_S)).data == b"own"
-        assert (await decisions.next_msg(timeout=WAIT_S)).data == b"decision"
+        # Replies come back on the node's own inbox prefix.
+        reply = await node.nc.request("$JS.API.STREAM.INFO.TANGRAM_NODES", b"", timeout=5)
+        assert reply.subject.startswith(f"{inbox(USER_B)}.")
+        # Streams are read through consumers delivering to the user's inbox, never by subscribing.
+        assert await node.refused("tangram.claim.*.*", subscribe=True)
+        assert await node.refused("tangram.node.gpu-b_lab.>", subscribe=True)
         assert await node.refused("tangram.node.node-a.>", subscribe=True)
         assert await node.refused("tangram.inventory.node-a", subscribe=True)
         assert await node.refused("tangram.>", subscribe=True)
@@ -265,7 +266,7 @@ async def test_services_work_end_to_end_as_their_own_users(auth_server: AuthServ
         ),
         asyncio.create_task(
             node.follow(
-                CLAIMS_STREAM, "tangram.claim.requested.>", followed.append, stop=stop, caught_up=caught_up
+                CLAIMS_STREAM, CLAIM_DECISION_SUBJECTS, followed.append, stop=stop, caught_up=caught_up
             )
         ),
     ]
@@ -276,6 +277,10 @@ async def test_services_work_end_to_end_as_their_own_users(auth_server: AuthServ
         )
         await allocator.publish(request)
         assert (await asyncio.wait_for(claims.get(), WAIT_S)).event_id == request.event_id
+        failed = ClaimFailed(
+            key="claim-1", producer="allocator", namespace="ns", name="c", uid="claim-1", reason="none fit"
+        )
+        await allocator.publish(failed)
 
         command = _command(NODE_A, "node-a")
         await allocator.publish(command)
@@ -311,7 +316,7 @@ async def test_services_work_end_to_end_as_their_own_users(auth_server: AuthServ
         deadline = time.monotonic() + WAIT_S
         while not followed and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        assert [e.event_id for e in followed] == [request.event_id]
+        assert [e.event_id for e in followed] == [failed.event_id]
     finally:
         stop.set()
         await asyncio.gather(*tasks)

@@ -98,11 +98,21 @@ def test_cli_writes_a_valid_config_and_private_credentials(
     assert (creds / "node-gpu-c.url").exists()
 
 
+def test_cli_refuses_to_print_passwords(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    creds = tmp_path / "creds"
+    assert main(["nats-config", "--node", "a", "--credentials-dir", str(creds)]) == 2
+    printed = capsys.readouterr()
+    assert printed.out == ""
+    assert printed.err.count("\n") == 1 and "--out FILE is required" in printed.err
+    assert not creds.exists()  # nothing half-written either
+
+
 def test_cli_rejects_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["nats-config", "--node", "Bad/Node", "--credentials-dir", str(tmp_path)]) == 2
+    out = ["--out", str(tmp_path / "nats.conf"), "--credentials-dir", str(tmp_path)]
+    assert main(["nats-config", "--node", "Bad/Node", *out]) == 2
     assert "Bad/Node" in capsys.readouterr().err
-    assert main(["nats-config", "--node", "a", "--credentials-dir", str(tmp_path), "--tls-cert", "c"]) == 2
+    assert main(["nats-config", "--node", "a", *out, "--tls-cert", "c"]) == 2
     assert "--tls-key" in capsys.readouterr().err
     (tmp_path / "node-a.password").write_text("has spaces in it, too short\n")
-    assert main(["nats-config", "--node", "a", "--credentials-dir", str(tmp_path)]) == 2
+    assert main(["nats-config", "--node", "a", *out]) == 2
     assert "node-a" in capsys.readouterr().err

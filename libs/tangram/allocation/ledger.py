@@ -24,6 +24,7 @@ from tangram.events import (
     ClaimReleased,
     ClaimRequested,
     Event,
+    InvalidKey,
     MigPlacement,
     NodeInventory,
     PartitionApplied,
@@ -49,6 +50,8 @@ class Ledger:
     released: set[str] = field(default_factory=set)
     claims: dict[str, tuple[str, str]] = field(default_factory=dict)  # uid -> (namespace, name)
     commands: dict[str, str] = field(default_factory=dict)  # create command id -> claim uid
+    # create command id -> the node (subject token) it was sent to: a result counts only from there
+    command_nodes: dict[str, str] = field(default_factory=dict)
     created: dict[str, str] = field(default_factory=dict)  # create command id -> MIG device UUID
 
     def snapshot(self) -> dict[str, Any]:
@@ -90,22 +93,38 @@ class Ledger:
                         return []
                     return self._release(uid)
             case PartitionFailed(action="create" | "disable-mig", command_id=command_id):
-                # Only a failure of a command a decision in the log names can fail its claim: a
-                # command sent before a crash and decided differently after it names no one.
-                owner = self.commands.get(command_id)
-                if (
-                    owner is not None
-                    and self.decided.get(owner) == "allocated"
-                    and owner not in self.released
-                ):
-                    return self._fail_after_partition(owner, event)
+                # Only a result of a command this allocator sent to that node counts: a command
+                # sent before a crash and decided differently after it names no one.
+                if self.unanswered(event) is None:
+                    uid = self.commands[command_id]
+                    if self.decided.get(uid) == "allocated" and uid not in self.released:
+                        return self._fail_after_partition(uid, event)
             case PartitionFailed(action="destroy", node=node, gpu_uuid=gpu_uuid, placement=placement):
                 self.fleet.destroy_refused(node, gpu_uuid, placement.start)
             case PartitionApplied(action="create", command_id=command_id, mig_uuid=mig_uuid):
-                self.created[command_id] = mig_uuid
+                if self.unanswered(event) is None:
+                    self.created[command_id] = mig_uuid
             case _:
                 pass
         return []
+
+    def unanswered(self, result: PartitionApplied | PartitionFailed) -> str | None:
+        """Why a create or disable-mig result answers no command this allocator sent to its node.
+
+        Only such results change a claim: a node cannot fail, or name the instance of, another
+        node's claim by quoting its command id or claim uid. Destroy results change nothing here.
+        """
+        if result.action == "destroy":
+            return None
+        sent_to = self.command_nodes.get(result.command_id)
+        if sent_to is None:
+            return f"{result.action} result for command {result.command_id!r}, which was never sent"
+        if sent_to != _token_or_none(result.node):
+            return (
+                f"{result.action} result from node {result.node!r} for command {result.command_id!r}, "
+                f"which was sent to node {sent_to!r}"
+            )
+        return None
 
     def _decide(self, request: ClaimRequested) -> list[Event]:
         claim = Claim(namespace=request.namespace, name=request.name, uid=request.uid, spec=request.spec)
@@ -130,6 +149,7 @@ class Ledger:
         by_slot: dict[tuple[int, MigPlacement | None], str] = {}
         for command in commands:
             self.commands[command.command_id] = request.uid
+            self.command_nodes[command.command_id] = command.key
             # A whole GPU's device has no placement: its disable-mig command is found by GPU alone.
             slot = None if command.action == "disable-mig" else command.placement
             by_slot[(command.gpu_index, slot)] = command.command_id
@@ -181,6 +201,7 @@ class Ledger:
         self.claims[event.uid] = (event.namespace, event.name)
         for command_id in event.partitions:
             self.commands[command_id] = event.uid
+            self.command_nodes[command_id] = subject_token(event.node)
         if event.uid not in self.released:
             self.fleet.adopt(
                 Allocated(claim_uid=event.uid, node=event.node, devices=event.devices, config=event.config)
@@ -234,3 +255,10 @@ def _partition_failure_reason(failure: PartitionFailed) -> str:
         f"MIG instance {failure.profile} at slices {failure.placement.start}..{last} on GPU "
         f"{failure.gpu_uuid} of node {failure.node} could not be created: {failure.reason}"
     )
+
+
+def _token_or_none(node: str) -> str | None:
+    try:
+        return subject_token(node)
+    except InvalidKey:
+        return None

@@ -10,6 +10,7 @@ from tangram.bus.declarations import (
     allocator_log_sources,
     allocator_results_consumer,
     node_claim_sources,
+    node_partition_subjects,
     partition_result_subjects,
     partitioner_consumer,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "allocator_log_sources",
     "allocator_results_consumer",
     "node_claim_sources",
+    "node_partition_subjects",
     "partition_result_subjects",
     "partitioner_consumer",
     "redact_url",

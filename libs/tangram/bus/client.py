@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import ssl
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -33,8 +35,9 @@ from nats.js.api import (
 
 from tangram.bus.declarations import KEY_VALUES, STREAMS, ConsumerSpec, KeyValueSpec, StreamSpec
 from tangram.bus.errors import BusError, Poison, Retry
+from tangram.bus.follow import Follower
 from tangram.bus.metrics import CONSUMED, DEAD_LETTERS, DUPLICATES, HANDLE_SECONDS, PUBLISHED
-from tangram.events import DeadLetter, Event, EventDecodeError, decode, encode, subject_token
+from tangram.events import DeadLetter, Event, EventDecodeError, admission, decode, encode, subject_token
 
 log = logging.getLogger("tangram.bus")
 
@@ -83,6 +86,22 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"***@{parts.hostname}{port}"))
 
 
+def connection_user(config: BusConfig) -> str:
+    """Who this connection speaks as: the NATS user of its URL, else its connection name.
+
+    It prefixes the names of the consumers it creates and its reply inbox, so that the server's
+    permissions can tell one user's consumers and replies from another's.
+    """
+    user = urlsplit(config.servers[0]).username if config.servers else None
+    token = re.sub(r"[^a-z0-9_-]+", "-", (user or config.name).lower()).strip("-_")
+    return token[:64] or "tangram"
+
+
+def inbox_prefix(config: BusConfig) -> str:
+    """Replies to this connection arrive under `_INBOX_<user>`: no other user may subscribe there."""
+    return f"_INBOX_{connection_user(config)}"
+
+
 def _tls_context(config: BusConfig) -> ssl.SSLContext | None:
     if config.tls_ca_file is None and config.tls_cert_file is None:
         return None
@@ -127,6 +146,9 @@ def _stream_shape(config: StreamConfig) -> tuple[object, ...]:
 def _consumer_config(spec: ConsumerSpec) -> ConsumerConfig:
     return ConsumerConfig(
         durable_name=spec.durable,
+        # Named: created on `$JS.API.CONSUMER.CREATE.<stream>.<durable>[.<filter>]`, a subject that
+        # permissions can grant to the durable's owner alone.
+        name=spec.durable,
         description=spec.description or None,
         ack_policy=AckPolicy.EXPLICIT,
         deliver_policy=DeliverPolicy.ALL,
@@ -144,6 +166,7 @@ class Bus:
         self._nc = nc
         self._js: JetStreamContext = nc.jetstream()
         self.config = config
+        self.user = connection_user(config)
 
     @classmethod
     async def connect(cls, config: BusConfig, *, wait_s: float | None = None) -> Bus:
@@ -158,6 +181,7 @@ class Bus:
             "error_cb": _log_error,
             "disconnected_cb": _log_disconnected,
             "reconnected_cb": _log_reconnected,
+            "inbox_prefix": inbox_prefix(config),
         }
         if config.credentials_file is not None:
             options["user_credentials"] = config.credentials_file
@@ -270,6 +294,15 @@ class Bus:
                 retry_s=self._setup_retry_s,
             )
 
+    def consumer_name(self) -> str:
+        """A fresh name for a short-lived consumer: `<user>-<random>`.
+
+        Named, never anonymous, so that it is created through the filtered create API
+        (`$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`), whose subject lets the server's
+        permissions pin which filter a user may read.
+        """
+        return f"{self.user}-{uuid.uuid4().hex[:16]}"
+
     async def ensure_consumer(self, spec: ConsumerSpec) -> None:
         config = _consumer_config(spec)
         await self._api(
@@ -340,6 +373,7 @@ class Bus:
 
         sub = await self._nc.subscribe(inbox, cb=deliver)
         config = ConsumerConfig(
+            name=self.consumer_name(),
             deliver_subject=inbox,
             ack_policy=AckPolicy.NONE,
             deliver_policy=(
@@ -374,12 +408,22 @@ class Bus:
                     if sequence > last_seq:
                         return
                     try:
-                        yield sequence, decode(msg.data)
+                        event = decode(msg.data)
                     except EventDecodeError as exc:
                         log.warning(
                             "skipping undecodable message in replay",
                             extra={"stream": stream, "sequence": sequence, "error": str(exc)},
                         )
+                    else:
+                        # A rebuild believes what a live reader would: the live path dead-lettered it.
+                        refused = admission(msg.subject, event)
+                        if refused is None:
+                            yield sequence, event
+                        else:
+                            log.warning(
+                                "skipping refused event in replay",
+                                extra={"stream": stream, "sequence": sequence, "reason": refused},
+                            )
                     if pending == 0 or sequence >= last_seq:
                         return
         finally:
@@ -415,58 +459,11 @@ class Bus:
         acked and nothing is left behind on the server). Several subjects share one consumer, so
         their events keep the stream's order between them (a release never overtakes the
         allocation it releases). `caught_up` is set once the history as of the call has been
-        handled. Undecodable messages are logged and skipped.
+        handled. Undecodable events, and events their subject may not carry, are dead-lettered
+        under `<user>-follow` and skipped.
         """
         filters = [subjects] if isinstance(subjects, str) else list(subjects)
-        queue: asyncio.Queue[Msg] = asyncio.Queue()
-
-        async def deliver(msg: Msg) -> None:
-            queue.put_nowait(msg)
-
-        info = await self._api(lambda: self._js.stream_info(stream), f"stream info {stream}", retry_s=10)
-        sub = await self._api(
-            lambda: self._js.subscribe(
-                filters[0] if len(filters) == 1 else "",
-                stream=stream,
-                cb=deliver,
-                ordered_consumer=True,
-                deliver_policy=DeliverPolicy.ALL,
-                config=ConsumerConfig(filter_subjects=filters) if len(filters) > 1 else None,
-            ),
-            f"follow {', '.join(filters)}",
-            retry_s=10,
-        )
-        try:
-            # Messages may already sit in the queue when the consumer is asked how far it got: the
-            # history is the messages delivered by then, once nothing is left pending.
-            consumer = await sub.consumer_info()
-            delivered = consumer.delivered.consumer_seq if consumer.delivered is not None else 0
-            history = delivered if consumer.num_pending == 0 else None
-            handled = 0
-            if caught_up is not None and (info.state.last_seq == 0 or history == 0):
-                caught_up.set()
-            while not stop.is_set():
-                try:
-                    msg = await asyncio.wait_for(queue.get(), 0.5)
-                except TimeoutError:
-                    continue
-                try:
-                    handler(decode(msg.data))
-                except EventDecodeError as exc:
-                    log.warning(
-                        "skipping undecodable message", extra={"subject": msg.subject, "error": str(exc)}
-                    )
-                except Exception:
-                    # State folding must survive one bad event; the log keeps the event for replay.
-                    log.exception("handler failed on followed event", extra={"subject": msg.subject})
-                handled += 1
-                if caught_up is not None and not caught_up.is_set():
-                    _, pending = _delivery_position(msg)
-                    if (history is not None and handled >= history) or (history is None and pending == 0):
-                        caught_up.set()
-        finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+        await Follower(self, stream, filters, handler, caught_up=caught_up).run(stop)
 
     async def consume(
         self,
@@ -532,10 +529,19 @@ class Bus:
     async def _decoded(self, spec: ConsumerSpec, msg: Msg) -> Event | None:
         """The message's event, or None once undecodable bytes are in the dead letter."""
         try:
-            return decode(msg.data)
+            event = decode(msg.data)
         except EventDecodeError as exc:
             await self._dead_letter(spec, msg, f"undecodable event: {exc}")
             return None
+        return await self._admitted(spec, msg, event)
+
+    async def _admitted(self, spec: ConsumerSpec, msg: Msg, event: Event) -> Event | None:
+        """The event, or None once an event its subject may not carry is in the dead letter."""
+        reason = admission(msg.subject, event)
+        if reason is None:
+            return event
+        await self._dead_letter(spec, msg, f"refused by subject: {reason}")
+        return None
 
     async def _handle(
         self, spec: ConsumerSpec, msg: Msg, event: Event, handler: Handler, watch: _SlowWatch

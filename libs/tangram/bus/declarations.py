@@ -88,12 +88,19 @@ def partition_result_subjects(node: str = "*") -> tuple[str, ...]:
     return (f"tangram.node.{node}.partition.applied", f"tangram.node.{node}.partition.failed")
 
 
+def node_partition_subjects(node: str) -> str:
+    """One node's partition commands and results, as one filter.
+
+    One filter, so that the consumer following it is created on the filtered create subject
+    `$JS.API.CONSUMER.CREATE.TANGRAM_NODES.<name>.<filter>`, which the node's permissions pin to
+    its own node; the node's readers ignore the commands.
+    """
+    return f"tangram.node.{subject_token(node)}.partition.*"
+
+
 def node_claim_sources(node: str) -> list[tuple[str, tuple[str, ...]]]:
     """(stream, subjects) a node service follows to rebuild what it knows of its node's claims."""
-    return [
-        (CLAIMS_STREAM, CLAIM_DECISION_SUBJECTS),
-        (NODES_STREAM, partition_result_subjects(subject_token(node))),
-    ]
+    return [(CLAIMS_STREAM, CLAIM_DECISION_SUBJECTS), (NODES_STREAM, (node_partition_subjects(node),))]
 
 
 def allocator_log_sources() -> list[tuple[str, tuple[str, ...]]]:

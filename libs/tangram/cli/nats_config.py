@@ -3,7 +3,8 @@
 Writes the server config (a whole config, or only the authorization block) and, per user,
 `<user>.password` and `<user>.url` (the NATS URL with user and password, what a service takes as
 TANGRAM_NATS_URL), all with mode 0600. Existing password files are reused, so adding a node
-does not change anyone else's password. Passwords are never printed.
+does not change anyone else's password. Passwords are never printed: without `--out` nothing is
+written and the command says so.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from tangram.natsauth import (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node", action="append", default=[], required=True, help="a node name; repeatable")
-    parser.add_argument("--out", type=Path, help="server config file to write (default: stdout)")
+    parser.add_argument(
+        "--out", type=Path, help="server config file to write (required: it holds every password)"
+    )
     parser.add_argument(
         "--credentials-dir",
         type=Path,
@@ -84,6 +87,11 @@ def _tls(args: argparse.Namespace) -> TlsFiles | None:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        if args.out is None:
+            # The config holds every user's password: it goes to a 0600 file, never to a terminal or log.
+            raise NatsAuthError(
+                "--out FILE is required: the server config holds passwords, so it is only written to a file"
+            )
         tls = _tls(args)
         names = user_names(args.node)
         existing = {
@@ -106,11 +114,8 @@ def run(args: argparse.Namespace) -> int:
             path = args.credentials_dir / f"{user.name}{suffix}"
             write_secret(path, text + "\n")
             written.append(path)
-    if args.out is None:
-        sys.stdout.write(config)
-    else:
-        write_secret(args.out, config)
-        written.append(args.out)
+    write_secret(args.out, config)
+    written.append(args.out)
     reused = len(existing)
     print(
         f"wrote {len(written)} files ({len(users)} users, {reused} existing passwords kept): "

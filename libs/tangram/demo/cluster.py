@@ -11,7 +11,29 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tangram.cli.nats_config import write_secret
+from tangram.natsauth import ADMIN_USER, ALLOCATOR_USER, build_users, node_user, render_users
 from tangram.natsserver import NatsCluster, NatsServer
+
+# What the streams Job of the Kubernetes manifests runs, as the NATS admin user: with permissions,
+# the services may check the streams but only the admin may create them.
+_CREATE_STREAMS = """
+import asyncio, os
+from tangram.bus import Bus, BusConfig
+async def main():
+    config = BusConfig(
+        servers=tuple(os.environ["TANGRAM_NATS_URL"].split(",")),
+        name="streams",
+        producer="streams",
+        stream_replicas=int(os.environ.get("TANGRAM_NATS_STREAM_REPLICAS", "1")),
+    )
+    bus = await Bus.connect(config, wait_s=30)
+    try:
+        await bus.ensure_streams()
+    finally:
+        await bus.close()
+asyncio.run(main())
+"""
 
 
 @dataclass(frozen=True)
@@ -27,6 +49,7 @@ class ServiceProcess:
     log_path: Path
     module_args: list[str]
     env: dict[str, str]
+    user: str | None = None
 
 
 @dataclass
@@ -38,6 +61,10 @@ class LocalCluster:
     # More than one: a JetStream cluster of that many servers, streams replicated on each.
     nats_servers: int = 1
     nats_cluster: NatsCluster | None = None
+    # With `auth`, NATS runs the authorization `tangram nats-config` generates and every service
+    # connects as its own user (the allocator, node-<node>), as in production.
+    auth: bool = False
+    passwords: dict[str, str] = field(default_factory=dict, repr=False)
 
     def kubelet_root(self, node: str) -> Path:
         return self.workdir / node / "kubelet"
@@ -66,18 +93,55 @@ class LocalCluster:
     def stream_replicas(self) -> int:
         return self.nats_servers
 
+    def url_for(self, user: str | None) -> str:
+        """The NATS URL a user connects with (the plain URL without `auth`); the first server's."""
+        return self.urls_for(user)[0]
+
+    def urls_for(self, user: str | None) -> tuple[str, ...]:
+        """Every server's URL as a user connects to it."""
+        servers = self.nats_cluster.servers if self.nats_cluster is not None else [self.nats]
+        found = []
+        for server in servers:
+            assert server is not None
+            if user is None or not self.auth:
+                found.append(server.url)
+            else:
+                found.append(f"nats://{user}:{self.passwords[user]}@{server.host}:{server.port}")
+        return tuple(found)
+
     def start(self) -> None:
+        config = None
+        if self.auth:
+            users = build_users([node.name for node in self.nodes])
+            self.passwords = {user.name: user.password for user in users}
+            config = self.workdir / "nats-auth.conf"
+            write_secret(config, render_users(users))
         if self.nats_servers > 1:
-            self.nats_cluster = NatsCluster(self.workdir / "nats", size=self.nats_servers).start()
+            self.nats_cluster = NatsCluster(
+                self.workdir / "nats", size=self.nats_servers, config_file=config
+            ).start()
         else:
-            self.nats = NatsServer(self.workdir / "nats").start()
-        self._spawn("allocator", ["services.allocator"], {})
+            self.nats = NatsServer(self.workdir / "nats", config_file=config).start()
+        if self.auth:
+            subprocess.run(
+                [sys.executable, "-c", _CREATE_STREAMS],
+                env=dict(
+                    os.environ,
+                    TANGRAM_NATS_URL=",".join(self.urls_for(ADMIN_USER)),
+                    TANGRAM_NATS_STREAM_REPLICAS=str(self.stream_replicas),
+                ),
+                check=True,
+                timeout=60,
+                capture_output=True,
+            )
+        self._spawn("allocator", ["services.allocator"], {}, ALLOCATOR_USER)
         for node in self.nodes:
             (self.workdir / node.name).mkdir(parents=True, exist_ok=True)
             env = {"TANGRAM_NODE_NAME": node.name}
+            user = node_user(node.name)
             sim = ["--sim", node.machine, "--state-file", str(self.state_file(node.name))]
-            self._spawn(f"discovery@{node.name}", ["services.discovery", *sim, "--refresh", "2"], env)
-            self._spawn(f"partitioner@{node.name}", ["services.partitioner", *sim], env)
+            self._spawn(f"discovery@{node.name}", ["services.discovery", *sim, "--refresh", "2"], env, user)
+            self._spawn(f"partitioner@{node.name}", ["services.partitioner", *sim], env, user)
             self._spawn(
                 f"cdi@{node.name}",
                 [
@@ -90,17 +154,20 @@ class LocalCluster:
                     str(self.workdir / node.name / "driver-root"),
                 ],
                 env,
+                user,
             )
 
-    def _spawn(self, name: str, module_args: list[str], env: dict[str, str]) -> None:
-        self.processes.append(self._launch(name, module_args, env))
+    def _spawn(self, name: str, module_args: list[str], env: dict[str, str], user: str) -> None:
+        self.processes.append(self._launch(name, module_args, env, user))
 
-    def _launch(self, name: str, module_args: list[str], env: dict[str, str]) -> ServiceProcess:
+    def _launch(
+        self, name: str, module_args: list[str], env: dict[str, str], user: str | None
+    ) -> ServiceProcess:
         log_path = self.workdir / "logs" / f"{name.replace('@', '-')}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         full_env = dict(
             os.environ,
-            TANGRAM_NATS_URL=",".join(self.urls),
+            TANGRAM_NATS_URL=",".join(self.urls_for(user)),
             TANGRAM_NATS_STREAM_REPLICAS=str(self.stream_replicas),
             TANGRAM_LOG_LEVEL="info",
             **env,
@@ -113,7 +180,7 @@ class LocalCluster:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        return ServiceProcess(name, process, log_path, module_args, env)
+        return ServiceProcess(name, process, log_path, module_args, env, user)
 
     def service(self, name: str) -> ServiceProcess:
         return next(p for p in self.processes if p.name == name)
@@ -126,7 +193,9 @@ class LocalCluster:
 
     def restart(self, name: str) -> None:
         service = self.service(name)
-        self.processes[self.processes.index(service)] = self._launch(name, service.module_args, service.env)
+        self.processes[self.processes.index(service)] = self._launch(
+            name, service.module_args, service.env, service.user
+        )
 
     def dead(self) -> list[str]:
         """Services that exited on their own, with the last line they logged."""

@@ -82,6 +82,10 @@ class Tracker:
         except EventDecodeError:
             self.counts["undecodable"] += 1
             return
+        self.on_event(event)
+
+    def on_event(self, event: Event) -> None:
+        """One event, from a core subscription or from following a stream (under permissions)."""
         self.counts[event.type_name()] += 1
         now = time.monotonic()
         if isinstance(event, PartitionRequested):

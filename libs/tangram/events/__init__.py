@@ -34,8 +34,10 @@ from tangram.events.inventory import (
     MigProfile,
     NodeHardware,
 )
+from tangram.events.subjects import CHANNELS, Channel, admission, channel_of
 
 __all__ = [
+    "CHANNELS",
     "CLAIMS_STREAM",
     "DEADLETTER_STREAM",
     "EVENT_TYPES",
@@ -44,6 +46,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "AllocatedDevice",
     "AnyEvent",
+    "Channel",
     "ClaimAllocated",
     "ClaimFailed",
     "ClaimPrepared",
@@ -68,6 +71,8 @@ __all__ = [
     "PartitionFailed",
     "PartitionRequested",
     "PreparedDevice",
+    "admission",
+    "channel_of",
     "decode",
     "encode",
     "new_event_id",

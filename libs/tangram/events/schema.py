@@ -9,6 +9,7 @@ import msgspec
 from tangram import __version__
 from tangram.events.catalogue import EVENT_TYPES
 from tangram.events.envelope import SCHEMA_VERSION
+from tangram.events.subjects import CHANNELS_BY_TYPE
 
 
 def _channel_id(event_type: str) -> str:
@@ -41,6 +42,10 @@ def asyncapi_document() -> dict[str, Any]:
             "parameters": {"key": {"description": "node subject token or claim uid"}},
             "messages": {type_name: {"$ref": f"#/components/messages/{channel}"}},
             "x-jetstream-stream": event_cls.stream,
+            # Readers refuse (dead-letter) anything else on this address: see docs/trust-model.md.
+            "x-tangram-carries-only": type_name,
+            "x-tangram-publisher": CHANNELS_BY_TYPE[event_cls].publisher,
+            "x-tangram-identity": CHANNELS_BY_TYPE[event_cls].identity,
         }
     return {
         "asyncapi": "3.0.0",
