@@ -103,9 +103,7 @@ class Partitioner:
         self._log_changed.set()
         self._log_changed = asyncio.Event()
         for made in orphans:
-            task = asyncio.create_task(self._remove_orphan(made))
-            self._cleanups.add(task)
-            task.add_done_callback(self._cleanups.discard)
+            self._remove_later(made)
 
     def _orphans_of(self, event: Event) -> list[PartitionApplied]:
         """Instances made for a claim by commands its decision does not name: an allocator that
@@ -119,6 +117,19 @@ class Partitioner:
             allocation = self.ledger.allocation(event.uid)
             named = set(allocation.partitions) if allocation is not None else set()
         return [made for made in self.ledger.created_for(event.uid) if made.command_id not in named]
+
+    def _orphan_now(self, made: PartitionApplied) -> bool:
+        """A create that finished after its claim's decision or end was read, and that the
+        decision does not name (the decision was read while the create ran)."""
+        allocation = self.ledger.allocation(made.claim_uid)
+        if allocation is not None:
+            return made.command_id not in allocation.partitions
+        return self.ledger.has_ended(made.claim_uid)
+
+    def _remove_later(self, made: PartitionApplied) -> None:
+        task = asyncio.create_task(self._remove_orphan(made))
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
 
     async def close(self) -> None:
         for task in list(self._cleanups):
@@ -170,6 +181,12 @@ class Partitioner:
             await self._publish(result)
             self.ledger.record(result)
             self._account(event, result)
+            if (
+                isinstance(result, PartitionApplied)
+                and result.action == "create"
+                and self._orphan_now(result)
+            ):
+                self._remove_later(result)
         finally:
             slot.finished()
             done.set()
