@@ -54,7 +54,6 @@ async def run(ctx: ServiceContext, settings: PartitionerSettings) -> None:
         producer=f"partitioner@{node}",
         warm_pool=settings.warm_pool,
         claim_release_wait_s=settings.claim_release_wait_s,
-        stop=ctx.stop,
     )
     tasks: list[asyncio.Task[None]] = []
     try:
@@ -91,5 +90,4 @@ async def run(ctx: ServiceContext, settings: PartitionerSettings) -> None:
         try:
             await settle(tasks)
         finally:
-            await partitioner.close()
             nvml.nvmlShutdown()
