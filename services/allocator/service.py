@@ -143,7 +143,6 @@ async def _serve(ctx: ServiceContext, settings: AllocatorSettings, tasks: list[a
                 ledger.observe,
                 stop=ctx.stop,
                 caught_up=inventory_caught_up,
-                on_sequence=ledger.folded_inventory,
             )
         )
     )

@@ -52,11 +52,6 @@ class Ledger:
     # create command id -> the node (subject token) it was sent to: a result counts only from there
     command_nodes: dict[str, str] = field(default_factory=dict)
     created: dict[str, str] = field(default_factory=dict)  # create command id -> MIG device UUID
-    inventory_seq: int = 0  # the last inventory-stream sequence folded, stamped on every decision
-
-    def folded_inventory(self, sequence: int) -> None:
-        """The inventory stream has been folded up to `sequence` (decisions say so, for replay)."""
-        self.inventory_seq = max(self.inventory_seq, sequence)
 
     def observe(self, event: Event) -> None:
         """Fold an event that can produce no output (inventory)."""
@@ -128,7 +123,6 @@ class Ledger:
                     name=request.name,
                     uid=request.uid,
                     reason=decision.reason,
-                    inventory_seq=self.inventory_seq,
                 )
             ]
         self.decided[request.uid] = "allocated"
@@ -159,7 +153,6 @@ class Ledger:
             devices=devices,
             partitions=[c.command_id for c in commands],
             config=decision.config,
-            inventory_seq=self.inventory_seq,
         )
         # The partition commands go first: the cdi service waits on them once it sees the allocation.
         return [*commands, allocated]

@@ -493,7 +493,6 @@ class Bus:
         *,
         stop: asyncio.Event,
         caught_up: asyncio.Event | None = None,
-        on_sequence: Callable[[int], None] | None = None,
     ) -> None:
         """Deliver a subject's history, then live events, in stream order, until `stop` is set.
 
@@ -505,7 +504,7 @@ class Bus:
         under `<user>-follow` and skipped.
         """
         filters = [subjects] if isinstance(subjects, str) else list(subjects)
-        await Follower(self, stream, filters, handler, caught_up=caught_up, on_sequence=on_sequence).run(stop)
+        await Follower(self, stream, filters, handler, caught_up=caught_up).run(stop)
 
     async def consume(
         self,

@@ -58,10 +58,8 @@ class Follower:
         handler: Callable[[Event], None],
         *,
         caught_up: asyncio.Event | None,
-        on_sequence: Callable[[int], None] | None = None,
     ) -> None:
         self._bus = bus
-        self._on_sequence = on_sequence
         self._stream = stream
         self._filters = list(filters)
         self._handler = handler
@@ -173,5 +171,3 @@ class Follower:
         except Exception:
             # State folding must survive one bad event; the log keeps the event for replay.
             log.exception("handler failed on followed event", extra={"subject": msg.subject})
-        if self._on_sequence is not None:
-            self._on_sequence(_Delivery(msg.reply).stream_seq)

@@ -173,55 +173,10 @@ def replay(
 
 
 def _fold(events: OrderedLog, ledger: Ledger) -> Iterator[Stored]:
-    """Folds every event the allocator folds; yields the claim requests for the caller to decide.
-
-    Decisions stamped with the inventory sequence the allocator had folded get exactly the
-    inventories up to it (the allocator reads inventories as they arrive, so store time alone
-    would hand a decision an inventory the allocator had not read yet, or withhold one it had).
-    """
-    inventories = sorted(
-        (stored for stored in events.events if isinstance(stored.event, NodeInventory)),
-        key=lambda stored: stored.record.seq,
-    )
-    stamped = any(
-        isinstance(d.event, ClaimAllocated | ClaimFailed) and d.event.inventory_seq > 0
-        for d in events.decisions.values()
-    )
-    folded: set[int] = set()  # record sequences of the inventories folded
-    nodes_known: set[str] = set()
-    cursor = 0
-    seen_seq = 0
-
-    def fold_inventory(stored: Stored) -> None:
-        if stored.record.seq not in folded:
-            folded.add(stored.record.seq)
-            assert isinstance(stored.event, NodeInventory)
-            nodes_known.add(stored.event.hardware.node)
-            ledger.apply(stored.event, live=False)
-
-    def fold_inventories_to(sequence: int) -> None:
-        nonlocal cursor
-        while cursor < len(inventories) and inventories[cursor].record.seq <= sequence:
-            fold_inventory(inventories[cursor])
-            cursor += 1
-
+    """Folds every event the allocator folds; yields the claim requests for the caller to decide."""
     for stored in events.events:
         event = stored.event
-        if isinstance(event, NodeInventory):
-            seen_seq = max(seen_seq, stored.record.seq)
-            # A node's first inventory stands for its state from the start (a plain export keeps
-            # only the last one per node); with stamped decisions the rest wait for their decision.
-            if not stamped or event.hardware.node not in nodes_known:
-                fold_inventory(stored)
-        elif isinstance(event, ClaimRequested):
-            recorded = events.decision_of(event.uid)
-            if stamped:
-                target = (
-                    recorded.event.inventory_seq
-                    if recorded is not None and isinstance(recorded.event, ClaimAllocated | ClaimFailed)
-                    else 0
-                )
-                fold_inventories_to(target or seen_seq)
+        if isinstance(event, ClaimRequested):
             yield stored
         elif isinstance(event, ClaimAllocated | ClaimFailed) and events.decision_of(event.uid) is stored:
             continue  # the recorded decision: compared (and adopted on divergence) at its request

@@ -62,9 +62,6 @@ class ClaimAllocated(Event, tag="claim.allocated", frozen=True, kw_only=True):
     devices: list[AllocatedDevice]
     partitions: list[str] = []  # command ids of the partition commands this allocation waits for
     config: list[dict[str, Any]] = []  # opaque configs that apply, as in status.allocation.devices.config
-    # The last inventory-stream sequence the allocator had folded when it decided: a replay folds
-    # exactly the inventories up to it, whatever the timing of their arrival was.
-    inventory_seq: int = 0
 
 
 class ClaimFailed(Event, tag="claim.failed", frozen=True, kw_only=True):
@@ -75,7 +72,6 @@ class ClaimFailed(Event, tag="claim.failed", frozen=True, kw_only=True):
     name: str
     uid: str
     reason: str
-    inventory_seq: int = 0  # as on ClaimAllocated
 
 
 class ClaimReleased(Event, tag="claim.released", frozen=True, kw_only=True):
