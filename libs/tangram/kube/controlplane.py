@@ -97,11 +97,14 @@ def build(*, out: Any = sys.stderr) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".controlplane-{os.getpid()}")
     started = time.monotonic()
-    result = subprocess.run(
-        ["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(partial), "."],
-        cwd=source,
-        check=False,
-    )
+    try:
+        result = subprocess.run(
+            ["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(partial), "."],
+            cwd=source,
+            check=False,
+        )
+    except FileNotFoundError as error:
+        raise ControlPlaneError(f"cannot run the Go toolchain (Go 1.24+ is needed): {error}") from error
     if result.returncode != 0:
         partial.unlink(missing_ok=True)
         raise ControlPlaneError(f"go build of {source} failed with exit status {result.returncode}")
