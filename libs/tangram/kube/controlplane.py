@@ -43,7 +43,9 @@ WHOLE_DEVICE_GATES: Mapping[str, bool] = {"DRAPartitionableDevices": False, "DRA
 
 _READY = "TANGRAM-CONTROLPLANE READY "
 _SOURCE_FILES = ("go.mod", "go.sum", "main.go")
-_COLD_BUILD_HINT = "about 10-25 minutes on 2 cores the first time (module download and compile)"
+# measured: over an hour at nice 10 on a shared, heavily loaded 2-core machine; expect tens of
+# minutes on an idle one
+_COLD_BUILD_HINT = "tens of minutes on 2 cores the first time (module download and compile)"
 
 
 class ControlPlaneError(RuntimeError):
