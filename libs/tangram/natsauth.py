@@ -5,8 +5,9 @@ Roles:
 - `allocator` publishes claim decisions and partition commands, consumes claims, partition
   results and inventories, and replays the log at start.
 - `node-<token>` (discovery, partitioner and cdi of one node) publishes only that node's
-  inventory, results and dead letters, consumes only that node's partition commands through its
-  own durable, and follows claim decisions.
+  inventory, results, dead letters and (cdi, for claims kube-scheduler allocated) partition
+  commands, consumes only that node's partition commands through its own durable, and follows
+  claim decisions.
 
 JetStream is driven through subjects too, so the permissions also name the JetStream API calls
 each role makes: stream info, creation of its own durables (by name) and of ephemeral consumers
@@ -28,8 +29,8 @@ from pathlib import Path
 from tangram.bus.declarations import (
     LEADER_BUCKET,
     allocator_consumer,
+    allocator_node_subjects,
     allocator_results_consumer,
-    partition_result_subjects,
     partitioner_consumer,
 )
 from tangram.events import (
@@ -166,7 +167,7 @@ def allocator_permissions(nodes: Sequence[str] = ()) -> Permissions:
         "_INBOX.>",
         "tangram.inventory.*",
         "tangram.claim.*.*",
-        *partition_result_subjects(),
+        *allocator_node_subjects(),
     ]
     deny = [
         f"$JS.API.CONSUMER.{call}.{NODES_STREAM}.{partitioner_consumer(node).durable}"
@@ -192,9 +193,11 @@ def node_permissions(node: str, others: Sequence[str] = ()) -> Permissions:
         *_follow_api(CLAIMS_STREAM),
         *_follow_api(NODES_STREAM),
     ]
-    # Partition commands come from the allocator only. Other nodes' durables are not ours to look
-    # at (the ephemeral consumers' info wildcard would otherwise reach them).
-    deny = [f"tangram.node.{token}.partition.requested"]
+    # The node's cdi service sends its own partitioner the commands of claims kube-scheduler
+    # allocated (a node already holds its GPUs through NVML; it still cannot command another
+    # node). Other nodes' durables are not ours to look at (the ephemeral consumers' info wildcard
+    # would otherwise reach them).
+    deny: list[str] = []
     for other in others:
         other_durable = partitioner_consumer(other).durable
         if other_durable != durable:

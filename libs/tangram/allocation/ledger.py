@@ -8,7 +8,6 @@ de-duplicated by JetStream instead of stored twice.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -20,8 +19,10 @@ from tangram.allocation.spec import DeviceClass
 from tangram.events import (
     ClaimAllocated,
     ClaimFailed,
+    ClaimPrepared,
     ClaimReleased,
     ClaimRequested,
+    ClaimUnprepared,
     Event,
     MigPlacement,
     NodeInventory,
@@ -30,12 +31,7 @@ from tangram.events import (
     PartitionRequested,
     subject_token,
 )
-
-_IDS = uuid.UUID("6d1f6a0e-2b8c-4e59-9a51-7b3f0c2d9e11")
-
-
-def derived_id(*parts: object) -> str:
-    return uuid.uuid5(_IDS, "/".join(str(p) for p in parts)).hex
+from tangram.events.ids import command_event_id, derived_id, partition_command_id
 
 
 @dataclass
@@ -49,6 +45,10 @@ class Ledger:
     claims: dict[str, tuple[str, str]] = field(default_factory=dict)  # uid -> (namespace, name)
     commands: dict[str, str] = field(default_factory=dict)  # create command id -> claim uid
     created: dict[str, str] = field(default_factory=dict)  # create command id -> MIG device UUID
+    # Claims allocated outside the allocator (kube-scheduler), learned from their node's prepare:
+    # uid -> node. Their node destroys what it made for them, so their release emits nothing.
+    outside: dict[str, str] = field(default_factory=dict)
+    conflicts: list[str] = field(default_factory=list)  # what two deciders gave out at once
 
     def observe(self, event: Event) -> None:
         """Fold an event that can produce no output (inventory)."""
@@ -82,6 +82,14 @@ class Ledger:
                     return self._fail_after_partition(uid, event)
             case PartitionApplied(action="create", command_id=command_id, mig_uuid=mig_uuid):
                 self.created[command_id] = mig_uuid
+            case ClaimPrepared(uid=uid, node=node) if subject_token(node) == event.key:
+                self._adopt_prepared(event)
+            case ClaimUnprepared(uid=uid) if self.outside.get(uid) == event.node:
+                del self.outside[uid]
+                if live:
+                    self.fleet.release(uid)  # marks its MIG slots as on their way out until inventory says
+                else:
+                    self.fleet.release_replayed(uid)
             case _:
                 pass
         return []
@@ -134,10 +142,12 @@ class Ledger:
         return [*commands, allocated]
 
     def _command(self, uid: str, node: str, plan: PartitionPlan, action: str) -> PartitionRequested:
-        command_id = derived_id(uid, action, plan.gpu_index, plan.profile_id, plan.placement.start)
+        command_id = partition_command_id(
+            uid, action, gpu_index=plan.gpu_index, profile_id=plan.profile_id, start=plan.placement.start
+        )
         return PartitionRequested(
             key=subject_token(node),
-            event_id=derived_id(command_id, "command"),
+            event_id=command_event_id(command_id),
             producer=self.producer,
             command_id=command_id,
             node=node,
@@ -165,6 +175,21 @@ class Ledger:
                 Allocated(claim_uid=event.uid, node=event.node, devices=event.devices, config=event.config)
             )
 
+    def _adopt_prepared(self, event: ClaimPrepared) -> None:
+        """A claim this allocator never decided was prepared: its devices are taken from now on."""
+        if event.uid in self.decided or event.uid in self.outside:
+            return
+        self.outside[event.uid] = event.node
+        self.claims[event.uid] = (event.namespace, event.name)
+        taken_twice = self.fleet.adopt_prepared(
+            event.uid, event.node, [(d.request, d.device) for d in event.devices if d.pool == event.node]
+        )
+        self.conflicts.extend(
+            f"device {name} of node {event.node}: prepared for claim {event.namespace}/{event.name} "
+            f"({event.uid}) while another claim holds it"
+            for name in taken_twice
+        )
+
     def _release(self, uid: str) -> list[Event]:
         release = self.fleet.release(uid)
         if release.node is None:
@@ -179,7 +204,9 @@ class Ledger:
         previous instance there. Without a create result yet, the UUID is left empty and the
         partitioner destroys the instance it created for this claim at that placement.
         """
-        create = derived_id(uid, "create", plan.gpu_index, plan.profile_id, plan.placement.start)
+        create = partition_command_id(
+            uid, "create", gpu_index=plan.gpu_index, profile_id=plan.profile_id, start=plan.placement.start
+        )
         if create in self.commands:
             return msgspec.structs.replace(plan, mig_uuid=self.created.get(create, ""))
         return plan

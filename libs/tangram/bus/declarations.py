@@ -88,17 +88,29 @@ def partition_result_subjects(node: str = "*") -> tuple[str, ...]:
     return (f"tangram.node.{node}.partition.applied", f"tangram.node.{node}.partition.failed")
 
 
+def prepare_result_subjects(node: str = "*") -> tuple[str, ...]:
+    """Claims one node (a subject token), or every node with "*", prepared and unprepared."""
+    return (f"tangram.node.{node}.claim.prepared", f"tangram.node.{node}.claim.unprepared")
+
+
+def allocator_node_subjects() -> tuple[str, ...]:
+    """What the allocator folds of TANGRAM_NODES: partition results, and prepares, which tell it of
+    claims allocated outside it (by kube-scheduler) so that it never hands their devices out again."""
+    return (*partition_result_subjects(), *prepare_result_subjects())
+
+
 def node_claim_sources(node: str) -> list[tuple[str, tuple[str, ...]]]:
     """(stream, subjects) a node service follows to rebuild what it knows of its node's claims."""
+    token = subject_token(node)
     return [
         (CLAIMS_STREAM, CLAIM_DECISION_SUBJECTS),
-        (NODES_STREAM, partition_result_subjects(subject_token(node))),
+        (NODES_STREAM, (*partition_result_subjects(token), *prepare_result_subjects(token))),
     ]
 
 
 def allocator_log_sources() -> list[tuple[str, tuple[str, ...]]]:
     """(stream, subjects) the allocator's state is folded from at start; () means every subject."""
-    return [(INVENTORY_STREAM, ()), (CLAIMS_STREAM, ()), (NODES_STREAM, partition_result_subjects())]
+    return [(INVENTORY_STREAM, ()), (CLAIMS_STREAM, ()), (NODES_STREAM, allocator_node_subjects())]
 
 
 def allocator_consumer() -> ConsumerSpec:
@@ -114,8 +126,8 @@ def allocator_results_consumer() -> ConsumerSpec:
     return ConsumerSpec(
         durable="allocator-partition-results",
         stream=NODES_STREAM,
-        filter_subjects=partition_result_subjects(),
-        description="partition results from every node",
+        filter_subjects=allocator_node_subjects(),
+        description="partition results and prepared claims from every node",
     )
 
 
