@@ -1,6 +1,6 @@
 """Kubernetes API adapter: the only package that talks to the API server (through kubernetes_asyncio)."""
 
-from tangram.kube.client import KubeApiError, KubeConfigError, call, connect
+from tangram.kube.client import KubeApiError, KubeConfigError, call, call_json, connect
 from tangram.kube.slices import SPEC_HASH_ANNOTATION, SliceInputError, SlicePublisher, SyncReport, spec_hash
 
 __all__ = [
@@ -11,6 +11,7 @@ __all__ = [
     "SlicePublisher",
     "SyncReport",
     "call",
+    "call_json",
     "connect",
     "spec_hash",
 ]
