@@ -34,6 +34,8 @@ class LocalCluster:
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="tgm-", dir="/tmp")))
     nats: NatsServer | None = None
     processes: list[ServiceProcess] = field(default_factory=list)
+    # With a kubeconfig, discovery publishes ResourceSlices and cdi reads claims from that API server.
+    kubeconfig: Path | None = None
 
     def kubelet_root(self, node: str) -> Path:
         return self.workdir / node / "kubelet"
@@ -59,7 +61,8 @@ class LocalCluster:
             (self.workdir / node.name).mkdir(parents=True, exist_ok=True)
             env = {"TANGRAM_NODE_NAME": node.name}
             sim = ["--sim", node.machine, "--state-file", str(self.state_file(node.name))]
-            self._spawn(f"discovery@{node.name}", ["services.discovery", *sim, "--refresh", "2"], env)
+            kube = ["--kubernetes", "--kubeconfig", str(self.kubeconfig)] if self.kubeconfig else []
+            self._spawn(f"discovery@{node.name}", ["services.discovery", *sim, "--refresh", "2", *kube], env)
             self._spawn(f"partitioner@{node.name}", ["services.partitioner", *sim], env)
             self._spawn(
                 f"cdi@{node.name}",
@@ -71,6 +74,7 @@ class LocalCluster:
                     str(self.cdi_dir(node.name)),
                     "--driver-root",
                     str(self.workdir / node.name / "driver-root"),
+                    *kube,
                 ],
                 env,
             )
