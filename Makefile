@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck layers unit venv proto clean schema
+.PHONY: demo test lint typecheck layers unit venv proto clean schema controlplane
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,8 +27,14 @@ typecheck: $(STAMP)
 layers: $(STAMP)
 	$(BIN)/lint-imports
 
-unit: $(STAMP)
+unit: $(STAMP) controlplane
 	$(BIN)/pytest -q
+
+# The Kubernetes control plane the tests run (etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler in one Go program, tests/controlplane/). Built once per Kubernetes version and
+# source into ~/.cache/tangram/controlplane/ (or $$XDG_CACHE_HOME); needs Go and the module proxy.
+controlplane: $(STAMP)
+	@$(BIN)/python -m tangram.kube.controlplane build
 
 test: lint typecheck layers unit
 

@@ -12,6 +12,9 @@ import pytest
 from tangram.bus import Bus, BusConfig
 from tangram.natsserver import NatsServer
 
+# the real Kubernetes control plane: `controlplane`, `kube`, `unique` and friends
+pytest_plugins = ["tests.realcluster"]
+
 
 @pytest.fixture
 def nats_server() -> Iterator[NatsServer]:
