@@ -27,12 +27,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, CDI specs)")
 
 
-def _nodes(specs: list[str]) -> list[SimNode]:
+def parse_nodes(specs: list[str], *, command: str = "tangram demo") -> list[SimNode]:
     nodes = []
     for spec in specs:
         name, sep, machine = spec.partition("=")
         if not sep or not name or not machine:
-            raise SystemExit(f"tangram demo: --node {spec!r} is not NAME=MACHINE")
+            raise SystemExit(f"{command}: --node {spec!r} is not NAME=MACHINE")
         nodes.append(SimNode(name, machine))
     return nodes
 
@@ -40,7 +40,7 @@ def _nodes(specs: list[str]) -> list[SimNode]:
 def run(args: argparse.Namespace) -> int:
     if args.duration < 0:
         raise SystemExit("tangram demo: --duration must not be negative")
-    cluster = LocalCluster(_nodes(args.node or DEFAULT_NODES))
+    cluster = LocalCluster(parse_nodes(args.node or DEFAULT_NODES))
 
     def out(line: str) -> None:
         print(line, flush=True)
