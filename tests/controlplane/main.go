@@ -41,7 +41,6 @@ import (
 	"go.etcd.io/etcd/server/v3/embed"
 	utilerrors "k8s.io/apimachinery/pkg/util/errors"
 	cliflag "k8s.io/component-base/cli/flag"
-	"k8s.io/component-base/logs"
 	logsapi "k8s.io/component-base/logs/api/v1"
 	"k8s.io/klog/v2"
 
@@ -151,7 +150,7 @@ func run(s settings) error {
 		}
 	}()
 
-	logOptions := logs.NewOptions()
+	logOptions := logsapi.NewLoggingConfiguration()
 	logOptions.Verbosity = logsapi.VerbosityLevel(s.verbosity)
 	if err := logsapi.ValidateAndApply(logOptions, utilfeature.DefaultFeatureGate); err != nil {
 		return fmt.Errorf("logging: %w", err)

@@ -43,7 +43,9 @@ WHOLE_DEVICE_GATES: Mapping[str, bool] = {"DRAPartitionableDevices": False, "DRA
 
 _READY = "TANGRAM-CONTROLPLANE READY "
 _SOURCE_FILES = ("go.mod", "go.sum", "main.go")
-_COLD_BUILD_HINT = "about 10-25 minutes on 2 cores the first time (module download and compile)"
+# measured: over an hour at nice 10 on a shared, heavily loaded 2-core machine; expect tens of
+# minutes on an idle one
+_COLD_BUILD_HINT = "tens of minutes on 2 cores the first time (module download and compile)"
 
 
 class ControlPlaneError(RuntimeError):
@@ -97,11 +99,14 @@ def build(*, out: Any = sys.stderr) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".controlplane-{os.getpid()}")
     started = time.monotonic()
-    result = subprocess.run(
-        ["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(partial), "."],
-        cwd=source,
-        check=False,
-    )
+    try:
+        result = subprocess.run(
+            ["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(partial), "."],
+            cwd=source,
+            check=False,
+        )
+    except FileNotFoundError as error:
+        raise ControlPlaneError(f"cannot run the Go toolchain (Go 1.24+ is needed): {error}") from error
     if result.returncode != 0:
         partial.unlink(missing_ok=True)
         raise ControlPlaneError(f"go build of {source} failed with exit status {result.returncode}")
