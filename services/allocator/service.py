@@ -101,7 +101,7 @@ async def lead(ctx: ServiceContext, settings: AllocatorSettings, lease: LeaderLe
 
 async def _serve(ctx: ServiceContext, settings: AllocatorSettings, tasks: list[asyncio.Task[None]]) -> None:
     ledger = Ledger(
-        fleet=FleetState(),
+        fleet=FleetState(reconfigure_foreign_instances=settings.reconfigure_foreign_instances),
         classes=load_device_classes(settings.device_classes),
         policy=settings.policy,
         producer=ctx.bus.config.producer,

@@ -243,3 +243,20 @@ def profile_is(profile: str) -> str:
 
 def index_is(*indexes: int) -> str:
     return " || ".join(f'device.attributes["{DOMAIN}"].index == {i}' for i in indexes)
+
+
+def nvlink_config(*requests: str) -> list[dict[str, Any]]:
+    """Tangram's opaque TopologyConfig asking for NVLink-connected GPUs."""
+    return [
+        {
+            "requests": list(requests),
+            "opaque": {
+                "driver": DOMAIN,
+                "parameters": {
+                    "apiVersion": "gpu.tangram.dev/v1alpha1",
+                    "kind": "TopologyConfig",
+                    "interconnect": "NVLink",
+                },
+            },
+        }
+    ]

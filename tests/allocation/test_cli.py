@@ -70,7 +70,18 @@ def test_allocate_prints_decisions_and_summary(
 
 def test_explain_lists_nodes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     lines = run_cli(tmp_path, capsys, "--explain")
-    assert lines[0]["explanation"][0].startswith("l-0: fits")
+    assert lines[0]["explanation"][0].startswith("chosen l-0 (demand-weighted loss ")
+    why = lines[0]["why"]
+    assert why["policy"] == "tangram"
+    assert why["claim_kind"] == '2 x class "gpu.tangram.dev"'
+    assert why["chosen"]["node"] == "l-0" and why["chosen"]["nodes_alike"] == 2
+    # Two of eight free L40S GPUs: 8 single GPUs fit before, 6 after; four pairs before, three after.
+    terms = {term["kind"]: term for term in why["terms"]}
+    assert (terms["prior: 1 whole GPU"]["fits_before"], terms["prior: 1 whole GPU"]["fits_after"]) == (8, 6)
+    pair = terms['2 x class "gpu.tangram.dev"']
+    assert (pair["fits_before"], pair["fits_after"]) == (4, 3)
+    assert why["chosen"]["loss"] == pytest.approx(sum(term["loss"] for term in why["terms"]), abs=1e-5)
+    assert "why" not in lines[1]  # nothing fits: the failure reason says why
 
 
 def test_bad_fleet_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,6 +14,7 @@ from tests.allocation.machines import (
     hgx,
     index_is,
     l40s,
+    nvlink_config,
     profile_is,
     request,
 )
@@ -116,8 +117,18 @@ def test_multi_gpu_claim_skips_a_fuller_node_without_nvlink_pair() -> None:
     state = fleet(h100_nvl("a", gpus=4), hgx("b"))
     pinned = (index_is(0, 2), on_node("a"))
     assert isinstance(state.allocate(claim("x", request(selectors=pinned, count=2)), CLASSES), Allocated)
-    decision = state.allocate(claim("pair", request(count=2)), CLASSES)
+    decision = state.allocate(claim("pair", request(count=2), config=nvlink_config()), CLASSES)
     assert isinstance(decision, Allocated) and decision.node == "b"
+
+
+def test_pair_without_nvlink_takes_the_unbridged_leftovers_not_the_nvswitch_node() -> None:
+    state = fleet(h100_nvl("a", gpus=4), hgx("b"))
+    pinned = (index_is(0, 2), on_node("a"))
+    assert isinstance(state.allocate(claim("x", request(selectors=pinned, count=2)), CLASSES), Allocated)
+    decision = state.allocate(claim("pair", request(count=2)), CLASSES)
+    assert isinstance(decision, Allocated) and decision.node == "a"
+    eight = state.allocate(claim("eight", request(count=8), config=nvlink_config()), CLASSES)
+    assert isinstance(eight, Allocated) and eight.node == "b"
 
 
 def test_mig_1g_claims_pack_onto_a_partitioned_gpu_and_keep_4g_possible() -> None:

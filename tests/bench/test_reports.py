@@ -29,6 +29,18 @@ def test_allocator_report_counts_every_decision_per_policy(capsys: pytest.Captur
     assert set(report["ratios"]["tangram/first-fit"]) == {"decisions_per_s", "p99_decision_ms", "admitted"}
 
 
+def test_allocator_mixed_fleet_has_three_kinds_of_node(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        allocator.run(parse(allocator, "--mixed", "--nodes", "10", "--claims", "40", "--policies", "tangram"))
+        == 0
+    )
+    report = json.loads(capsys.readouterr().out)
+    assert report["fleet"] == {"hgx-h200": 4, "h100-nvl-4x2": 3, "l40s-8": 3}
+    # 26 devices per MIG-capable GPU (1 whole + 25 placements) on 7 nodes, 8 whole L40S on 3.
+    assert report["devices"] == 7 * 8 * 26 + 3 * 8
+    assert report["policies"]["tangram"]["decisions"] == 40
+
+
 def test_allocator_rejects_a_gpu_count_the_machine_does_not_have(capsys: pytest.CaptureFixture[str]) -> None:
     assert allocator.run(parse(allocator, "--nodes", "1", "--claims", "5", "--gpus-per-node", "4")) == 2
     captured = capsys.readouterr()
@@ -37,19 +49,23 @@ def test_allocator_rejects_a_gpu_count_the_machine_does_not_have(capsys: pytest.
 
 
 def test_quality_report_never_beats_the_optimum(capsys: pytest.CaptureFixture[str]) -> None:
-    assert quality.run(parse(quality, "--instances", "2", "--churn-claims", "20", "--seed", "3")) == 0
+    argv = ("--instances", "1", "--churn-claims", "20", "--saturation", "1.0", "--seed", "3")
+    assert quality.run(parse(quality, *argv)) == 0
     report = json.loads(capsys.readouterr().out)  # one JSON object: the solver's banner went elsewhere
-    assert len(report["instances"]) == 2
+    assert [i["trace"] for i in report["instances"]] == ["fill", "churn"]
     for instance in report["instances"]:
+        assert sum(instance["fleet"].values()) >= 8 and len(instance["fleet"]) == 3
+        assert instance["node_names"] != sorted(
+            f"{m}-{n}" for m, c in instance["fleet"].items() for n in range(c)
+        )
         optimum = instance["optimum"]
         assert optimum["proven"] is True
-        assert optimum["admitted"] <= instance["alive_at_saturation"]
         for figures in instance["policies"].values():
-            assert figures["admitted"] + figures["failed"] == instance["arrivals"]
-            assert figures["alive_admitted_at_saturation"] <= optimum["admitted"]
-            assert 0.0 <= figures["optimum_share"] <= 1.0
-    assert set(report["summary"]) == {"tangram", "first-fit", "best-fit"}
-    assert set(report["meets_targets"]) == {"optimum_share", "fewer_stranded_than_first_fit"}
+            assert figures["arrivals_before_first_failure"] <= optimum["arrivals_before_first_failure"]
+            assert figures["claims_ratio"] >= 0.0 and figures["gpus_ratio"] >= 0.0
+    assert set(report["summary"]) == {"fill", "churn", "all"}
+    assert set(report["summary"]["all"]["policies"]) == {"tangram", "first-fit", "best-fit"}
+    assert set(report["meets_targets"]) == {"fill_claims_ratio", "churn_claims_ratio", "above_first_fit"}
 
 
 def test_rebuild_replays_every_event_into_the_live_state(

@@ -15,19 +15,22 @@ from functools import partial
 from typing import Any
 
 from tangram import DRIVER_NAME
+from tangram.allocation.demand import ClaimKind, claim_kind
 from tangram.allocation.eligibility import EligibilityCache, Eligible, evaluate
 from tangram.allocation.model import (
     Allocated,
     Claim,
     Decision,
+    Explanation,
     Failed,
     FleetMetrics,
     PartitionPlan,
     Policy,
     Release,
 )
-from tangram.allocation.node import NodeState
-from tangram.allocation.requests import Alternative, ClaimError, ResolvedClaim, resolve
+from tangram.allocation.node import ExistingInstance, NodeState
+from tangram.allocation.placement import Choice, DemandIndex, fit_state, options_on
+from tangram.allocation.requests import Alternative, ClaimError, ResolvedClaim, covers, resolve
 from tangram.allocation.shape import NodeShape, shape_signature
 from tangram.allocation.solver import Solution, solve
 from tangram.allocation.spec import DeviceClass, parse_claim_spec
@@ -37,6 +40,7 @@ from tangram.events.catalogue import AllocatedDevice
 from tangram.events.inventory import MigPlacement, NodeHardware
 from tangram.k8s.names import InvalidName, validate_claim_uid
 
+EXPLAINED_CANDIDATES = 5  # groups of nodes listed, best first, in an explanation
 TANGRAM_NODES_COMPARED = 16  # feasible nodes Tangram compares when none has the ideal GPU set
 _FILTERED = "not enough free GPUs or MIG slices"
 
@@ -51,8 +55,13 @@ class _Held:
 
 
 class FleetState:
-    def __init__(self, *, driver: str = DRIVER_NAME) -> None:
+    """`reconfigure_foreign_instances`: free MIG instances that Tangram did not create (made by hand
+    or by another tool before Tangram ran) may be destroyed to make room for a claim. Off by
+    default: only instances Tangram created itself are reconfigured."""
+
+    def __init__(self, *, driver: str = DRIVER_NAME, reconfigure_foreign_instances: bool = False) -> None:
         self.driver = driver
+        self.reconfigure_foreign_instances = reconfigure_foreign_instances
         self._nodes: dict[str, NodeState] = {}
         self._shapes: dict[str, NodeShape] = {}
         self._buckets: dict[str, dict[BucketKey, list[str]]] = {}
@@ -64,6 +73,9 @@ class FleetState:
         self._held: dict[str, _Held] = {}
         self._held_on: dict[str, set[str]] = {}
         self._eligible = EligibilityCache()
+        self._index = DemandIndex(self._shapes, self._eligible_on)
+        self._noted: set[str] = set()  # claims counted in the demand mix
+        self._made: set[tuple[str, int, int, int]] = set()  # (node, GPU, profile id, start) Tangram created
 
     # --- inventory -------------------------------------------------------------------------------
 
@@ -75,6 +87,8 @@ class FleetState:
         if shape is None:
             shape = self._shapes[signature] = NodeShape(signature, hw, devices)
         old = self._nodes.get(hw.node)
+        if old is not None:
+            self._index.forget_sample(old)
         node = NodeState(hw, devices, shape, generation=old.generation + 1 if old else 1)
         if old is not None and old.destroying:
             present = {(g.index, m.profile_id, m.placement.start) for g in hw.gpus for m in g.mig_instances}
@@ -93,6 +107,8 @@ class FleetState:
         if node is None:
             return []
         self._unindexed.discard(name)
+        self._index.remove(name)
+        self._index.forget_sample(node)
         place = self._bucket_of.pop(name, None)
         if place is not None:
             _remove(self._buckets[place[0]][place[1]], name)
@@ -105,6 +121,7 @@ class FleetState:
         self._unindexed.clear()
 
     def _reindex(self, node: NodeState) -> None:
+        self._index.place(node)
         place = (node.shape.signature, node.bucket_key())
         current = self._bucket_of.get(node.name)
         if current == place:
@@ -139,9 +156,32 @@ class FleetState:
             return Failed(claim_uid=claim.uid, reason=f"invalid claim: {error}")
         try:
             resolved = resolve(spec, classes, self.driver)
-            return self._place(claim, resolved, policy, explain)
+            kind = self._note(claim.uid, resolved)
+            return self._place(claim, resolved, policy, explain, kind)
         except ClaimError as error:
             return Failed(claim_uid=claim.uid, reason=str(error))
+
+    def note_demand(self, claim: Claim, classes: Mapping[str, DeviceClass]) -> None:
+        """Count a claim read from the log in the demand mix, as allocate() did when it was live.
+
+        The mix is part of the allocator's fold: a rebuild notes every claim request in log order,
+        so the rebuilt allocator weighs placements exactly as the one that died.
+        """
+        if claim.uid in self._noted:
+            return
+        try:
+            resolved = resolve(parse_claim_spec(claim.spec), classes, self.driver)
+        except (ValueError, ClaimError):
+            return
+        self._note(claim.uid, resolved)
+
+    def _note(self, uid: str, resolved: ResolvedClaim) -> ClaimKind | None:
+        kind = claim_kind(resolved)
+        if uid not in self._noted:
+            self._noted.add(uid)
+            if kind is not None:
+                self._index.note(kind)
+        return kind
 
     def release(self, claim_uid: str, *, destroy_mig: bool = True) -> Release:
         """Free the claim's devices; with destroy_mig, its MIG instances are returned for destruction."""
@@ -246,6 +286,14 @@ class FleetState:
                 alt = request.alternatives[0]
                 if alt.node_scoped or alt.admin or alt.all_mode:
                     continue
+                if alt.count > sample.shape.largest_nvlink_set and any(
+                    rule.nvlink and covers(rule.requests, alt) for rule in claim.topology
+                ):
+                    shape_reason = (
+                        f'request "{alt.result_name}": at most {sample.shape.largest_nvlink_set} GPUs '
+                        "of this hardware are NVLink-connected pairwise"
+                    )
+                    break
                 kinds = {sample.shape.devices[d].kind for d in self._eligible_on(sample, alt).devices}
                 if kinds == {"gpu"}:
                     need_whole += alt.count
@@ -274,7 +322,13 @@ class FleetState:
         for entry in heapq.merge(*streams):
             yield self._nodes[entry[-1]]
 
-    def _place(self, claim: Claim, resolved: ResolvedClaim, policy: Policy, explain: bool) -> Decision:
+    def _place(
+        self, claim: Claim, resolved: ResolvedClaim, policy: Policy, explain: bool, kind: ClaimKind | None
+    ) -> Decision:
+        if policy == "tangram" and kind is not None and not resolved.spread:
+            decided = self._place_by_demand(claim, resolved, kind, explain)
+            if decided is not None:
+                return decided
         rejected: Counter[str] = Counter()
         notes: list[str] = []
         best: tuple[NodeState, Solution] | None = None
@@ -309,12 +363,144 @@ class FleetState:
             notes.extend(f"{count} nodes: {reason}" for reason, count in sorted(rejected.items()))
         return self._commit(claim, resolved, best[0], best[1], notes)
 
+    def _place_by_demand(
+        self, claim: Claim, resolved: ResolvedClaim, kind: ClaimKind, explain: bool
+    ) -> Decision | None:
+        """Tangram's placement for a claim of a kind the demand mix models; None hands the claim
+        to the general search (which also words the failure when nothing fits)."""
+        self._reindex_changed()
+        rejected: dict[str, int] = {}
+        ranked: list[Choice] | None = [] if explain else None
+        choice = self._index.choose(kind, self._nodes, rejected, ranked)
+        destroy: list[PartitionPlan] = []
+        saved: set[tuple[int, int, int]] | None = None
+        if choice is None:
+            found = self._reconfiguration(kind, ranked)
+            if found is None:
+                return None
+            choice, needed = found
+            saved = set(choice.node.destroying)
+            choice.node.set_destroying(saved | {(g, inst.profile_id, inst.start) for g, inst in needed})
+            destroy = [_destroy_plan(choice.node, g, inst) for g, inst in needed]
+        node = choice.node
+        outcome = solve(
+            node, resolved, partial(self._eligible_on, node), scored=True, first=choice.option.devices
+        )
+        if isinstance(outcome, str):
+            if saved is not None:
+                node.set_destroying(saved)
+            return None
+        why: Explanation | None = None
+        notes: list[str] = []
+        if explain:
+            alike = len(self._index.groups.get(choice.group, ())) or 1
+            chosen = self._index.score(choice, alike, len(destroy))
+            best_per_group: dict[tuple[Any, ...], Choice] = {}
+            for candidate in sorted(ranked or [], key=lambda c: c.rank):
+                best_per_group.setdefault(candidate.group, candidate)
+            why = Explanation(
+                policy="tangram",
+                claim_kind=kind.label,
+                chosen=chosen,
+                terms=self._index.explain(choice),
+                candidates=[
+                    self._index.score(c, len(self._index.groups.get(c.group, ())) or 1)
+                    for c in list(best_per_group.values())[:EXPLAINED_CANDIDATES]
+                ],
+                rejected=dict(sorted(rejected.items())),
+            )
+            notes.append(
+                f"chosen {node.name} (demand-weighted loss {choice.loss:g}, "
+                f"{alike} node{'s' if alike != 1 else ''} in the same state)"
+            )
+            notes.extend(
+                f"{term.kind}: fits {term.fits_before} -> {term.fits_after}, weight {term.weight:g} "
+                f"(demand {term.demand:g} / supply {term.supply}), loss {term.loss:g}"
+                for term in why.terms
+            )
+            notes.extend(f"{count} nodes: {reason}" for reason, count in sorted(rejected.items()))
+        return self._commit(claim, resolved, node, outcome, notes, why=why, destroy=destroy)
+
+    def _reconfiguration(
+        self, kind: ClaimKind, ranked: list[Choice] | None
+    ) -> tuple[Choice, list[tuple[int, ExistingInstance]]] | None:
+        """Where destroying free MIG instances lets the claim fit: fewest destroyed, then least loss.
+
+        Only instances Tangram created are destroyed, unless reconfigure_foreign_instances; an
+        instance in use, claimed or already being destroyed is never touched.
+        """
+        best: tuple[tuple[Any, ...], Choice, list[tuple[int, ExistingInstance]]] | None = None
+        weights = self._index.weights()
+        for key, members in list(self._index.groups.items()):
+            if not key[4]:
+                continue
+            node = self._nodes[members[0]]
+            want = self._index.want(key[0], kind)
+            if want is None:
+                continue
+            free = [
+                (g, inst)
+                for g, live in sorted(node.existing.items())
+                for inst in live
+                if (g, inst.profile_id, inst.start, False, False) in key[4]
+                and (
+                    self.reconfigure_foreign_instances
+                    or (node.name, g, inst.profile_id, inst.start) in self._made
+                )
+            ]
+            if not free:
+                continue
+            saved = set(node.destroying)
+            node.set_destroying(saved | {(g, inst.profile_id, inst.start) for g, inst in free})
+            try:
+                options = options_on(node, node.group_key(), kind, want)
+            finally:
+                node.set_destroying(saved)
+            before = fit_state(key)
+            for option in options:
+                needed = [
+                    (g, inst)
+                    for g, inst in free
+                    if any(
+                        node.shape.devices[d].gpu_index == g
+                        and (node.shape.devices[d].kind == "gpu" or node.shape.devices[d].mask & inst.mask)
+                        for d in option.devices
+                    )
+                ]
+                loss = 0.0
+                for i, lost in self._index.delta(before, option):
+                    loss += weights[i] * lost
+                rank = (
+                    len(needed),
+                    loss,
+                    -option.quality,
+                    option.mode_changes,
+                    option.creates,
+                    option.leaves,
+                    key,
+                    option.devices,
+                )
+                choice = Choice(key, node, option, rank[1:], loss)
+                if ranked is not None:
+                    ranked.append(choice)
+                if best is None or rank < best[0]:
+                    best = (rank, choice, needed)
+        return None if best is None else (best[1], best[2])
+
     def _commit(
-        self, claim: Claim, resolved: ResolvedClaim, node: NodeState, solution: Solution, notes: list[str]
+        self,
+        claim: Claim,
+        resolved: ResolvedClaim,
+        node: NodeState,
+        solution: Solution,
+        notes: list[str],
+        *,
+        why: Explanation | None = None,
+        destroy: list[PartitionPlan] | None = None,
     ) -> Allocated:
         shape = node.shape
         devices: list[AllocatedDevice] = []
-        partitions: list[PartitionPlan] = []
+        partitions: list[PartitionPlan] = list(destroy or ())
         taken: list[int] = []
         for alt, choice in solution.picks:
             for d in choice:
@@ -345,6 +531,7 @@ class FleetState:
                     and node.instance_for(shape.devices[d]) is None
                 ):
                     partitions.append(_mig_plan(device))
+                    self._made.add((node.name, device.gpu_index, device.profile_id, device.placement.start))
         decision = Allocated(
             claim_uid=claim.uid,
             node=node.name,
@@ -355,6 +542,7 @@ class FleetState:
             ideal_set_score=solution.ideal_set_score,
             best_available_set_score=solution.best_available_set_score,
             explanation=notes,
+            why=why,
         )
         node.take(taken, claim.uid)
         self._reindex(node)
@@ -374,6 +562,9 @@ class FleetState:
         if decision.claim_uid in self._held:
             return
         taken = tuple(d.device for d in decision.devices if not d.admin_access)
+        for device in decision.devices:
+            if device.partition_command and device.placement is not None and device.profile_id is not None:
+                self._made.add((decision.node, device.gpu_index, device.profile_id, device.placement.start))
         self._held[decision.claim_uid] = _Held(decision=decision, node=decision.node, devices=taken)
         self._held_on.setdefault(decision.node, set()).add(decision.claim_uid)
         node = self._nodes.get(decision.node)
@@ -453,6 +644,19 @@ def _mig_plan(device: Device | AllocatedDevice, *, mig_uuid: str = "") -> Partit
         profile_id=device.profile_id,
         placement=device.placement,
         mig_uuid=mig_uuid,
+    )
+
+
+def _destroy_plan(node: NodeState, gpu_index: int, inst: ExistingInstance) -> PartitionPlan:
+    """A free instance destroyed so that the claim's devices fit where it was."""
+    return PartitionPlan(
+        gpu_index=gpu_index,
+        gpu_uuid=node.gpu_uuid.get(gpu_index, ""),
+        profile=inst.profile,
+        profile_id=inst.profile_id,
+        placement=MigPlacement(start=inst.start, size=inst.size),
+        mig_uuid=inst.uuid,
+        action="destroy",
     )
 
 

@@ -65,6 +65,12 @@ class Ledger:
                 self.claims[event.uid] = (event.namespace, event.name)
                 if live and event.uid not in self.decided and event.uid not in self.released:
                     return self._decide(event)
+                # Deciding counts the claim in the demand mix; a claim read back from the log is
+                # counted here instead, in the same order, so a rebuild weighs as the live fold did.
+                self.fleet.note_demand(
+                    Claim(namespace=event.namespace, name=event.name, uid=event.uid, spec=event.spec),
+                    self.classes,
+                )
             case ClaimAllocated():
                 self._adopt(event)
             case ClaimFailed(uid=uid):

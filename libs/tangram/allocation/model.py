@@ -35,7 +35,8 @@ class PartitionPlan(msgspec.Struct, frozen=True, kw_only=True):
     profile_id: int
     placement: MigPlacement
     mig_uuid: str = ""  # destroy: the existing instance, when known
-    action: Literal["create", "disable-mig"] = "create"  # disable-mig: a whole GPU still in MIG mode
+    # disable-mig: a whole GPU still in MIG mode; destroy: a free instance in the way of this claim
+    action: Literal["create", "disable-mig", "destroy"] = "create"
 
 
 class Allocated(msgspec.Struct, frozen=True, kw_only=True, tag="allocated"):
@@ -50,6 +51,7 @@ class Allocated(msgspec.Struct, frozen=True, kw_only=True, tag="allocated"):
     # set_score == best_available_set_score means the claim got the best NVLink set available.
     best_available_set_score: int = 0
     explanation: list[str] = []
+    why: Explanation | None = None  # with explain: the demand-weighted scores that chose the node
 
     @property
     def multi_gpu(self) -> bool:
@@ -60,6 +62,7 @@ class Failed(msgspec.Struct, frozen=True, kw_only=True, tag="failed"):
     claim_uid: str
     reason: str
     explanation: list[str] = []
+    why: Explanation | None = None
 
 
 Decision = Allocated | Failed
@@ -112,3 +115,39 @@ class NvlinkTally:
             "multi_gpu_nvlink_optimal_share": share(self.best_available),
             "multi_gpu_ideal_set_share": share(self.ideal),
         }
+
+
+class LossTerm(msgspec.Struct, frozen=True, kw_only=True):
+    """What a placement costs one kind of future claim: fits lost, weighted by demand over supply."""
+
+    kind: str
+    demand: float  # expected claims of the kind (decayed count plus prior)
+    supply: int  # claims of the kind the fleet fits now
+    weight: float  # demand / supply
+    fits_before: int  # on the chosen node
+    fits_after: int
+    loss: float  # weight * (fits_before - fits_after)
+
+
+class CandidateScore(msgspec.Struct, frozen=True, kw_only=True):
+    """One group of interchangeable nodes (same hardware, same state) and its best placement."""
+
+    node: str  # the group's node that would be used
+    nodes_alike: int  # nodes in the same state, any of which gives the same outcome
+    loss: float  # demand-weighted loss of future claims, the first criterion
+    nvlink_quality: float  # GPU set score / the best of that many GPUs on this hardware
+    reconfigurations: int  # free MIG instances destroyed to make room
+    mode_changes: int  # MIG mode switched on or off
+    creates: int  # MIG instances created
+    devices: list[str]
+
+
+class Explanation(msgspec.Struct, frozen=True, kw_only=True):
+    """Why a claim went where it went: a typed record a person or a tool can read back."""
+
+    policy: str
+    claim_kind: str  # the kind the claim counts as in the demand mix; "" when not modelled
+    chosen: CandidateScore | None = None
+    terms: list[LossTerm] = []  # the chosen placement's loss, per kind it touches
+    candidates: list[CandidateScore] = []  # the best groups, best first
+    rejected: dict[str, int] = {}  # reason -> nodes

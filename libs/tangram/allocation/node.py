@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from tangram.allocation.shape import DeviceShape, NodeShape
 from tangram.dra.model import Device, NodeDevices
@@ -10,11 +11,15 @@ from tangram.events.inventory import NodeHardware
 
 
 class ExistingInstance:
-    __slots__ = ("in_use", "mask", "profile_id", "start", "uuid")
+    __slots__ = ("in_use", "mask", "profile", "profile_id", "size", "start", "uuid")
 
-    def __init__(self, profile_id: int, start: int, size: int, uuid: str, in_use: bool) -> None:
+    def __init__(
+        self, profile_id: int, start: int, size: int, uuid: str, in_use: bool, *, profile: str = ""
+    ) -> None:
         self.profile_id = profile_id
+        self.profile = profile
         self.start = start
+        self.size = size
         self.mask = sum(1 << s for s in range(start, start + size))
         self.uuid = uuid
         self.in_use = in_use
@@ -41,7 +46,9 @@ class NodeState:
         self.destroying: set[tuple[int, int, int]] = set()  # (gpu, profile id, start) being destroyed
         self.existing: dict[int, list[ExistingInstance]] = {
             g.index: [
-                ExistingInstance(m.profile_id, m.placement.start, m.placement.size, m.uuid, m.in_use)
+                ExistingInstance(
+                    m.profile_id, m.placement.start, m.placement.size, m.uuid, m.in_use, profile=m.profile
+                )
                 for m in g.mig_instances
             ]
             for g in hw.gpus
@@ -49,8 +56,11 @@ class NodeState:
         self._available: list[bool] = [False] * len(shape.devices)
         self._occupied: dict[int, int] = dict.fromkeys(shape.gpus, 0)
         self._whole_free: dict[int, bool] = dict.fromkeys(shape.gpus, False)
+        self._reusable: dict[int, int] = dict.fromkeys(shape.gpus, 0)
         self._stale: set[int] = set(shape.gpus)
         self.version = 0
+        self._group: tuple[int, tuple[Any, ...]] | None = None  # (version, group key)
+        self.mig_mode = sum(1 << g.index for g in hw.gpus if g.mig_enabled)
 
     # --- changes -----------------------------------------------------------------------------------
 
@@ -137,17 +147,56 @@ class NodeState:
         return all(remaining[s].get(c, 0) >= amount for s, c, amount in device.needs)
 
     def bucket_key(self) -> tuple[int, int]:
-        """(free whole GPUs, longest free slice run on a GPU that is not free whole): the fleet index key."""
+        """(free whole GPUs, longest free slice run on a GPU that is not free whole): the fleet index key.
+
+        Slices under a free MIG instance count as free: a claim of that exact profile reuses the
+        instance, so the index must not filter the node out.
+        """
         whole_free = self.whole_free
         occupied = self._occupied
+        reusable = self._reusable
         free_whole = 0
         longest = 0
         for gpu in self.shape.gpus.values():
             if whole_free[gpu.index]:
                 free_whole += 1
             elif gpu.mig:
-                longest = max(longest, _longest_run(~occupied[gpu.index], gpu.slices))
+                free = ~(occupied[gpu.index] & ~reusable[gpu.index])
+                longest = max(longest, _longest_run(free, gpu.slices))
         return free_whole, longest
+
+    def group_key(self) -> tuple[Any, ...]:
+        """Everything placement reads from the node, names and identities left out: nodes with
+        one group key are interchangeable, so a decision looks at one of them for all.
+
+        (shape signature, free whole GPU bits, occupied slices per GPU, MIG mode bits, live
+        instances as (GPU, profile id, start, in use, claimed)).
+        """
+        cached = self._group
+        if cached is not None and cached[0] == self.version and not self._stale:
+            return cached[1]
+        whole_free = self.whole_free
+        occupied = self._occupied
+        bits = 0
+        for g, free in whole_free.items():
+            if free:
+                bits |= 1 << g
+        instances: list[tuple[int, int, int, bool, bool]] = []
+        claimed = {(self.shape.devices[i].gpu_index, self.shape.devices[i].mask) for i in self.allocated}
+        for g, live in self.existing.items():
+            for inst in live:
+                if (g, inst.profile_id, inst.start) in self.destroying:
+                    continue
+                instances.append((g, inst.profile_id, inst.start, inst.in_use, (g, inst.mask) in claimed))
+        key = (
+            self.shape.signature,
+            bits,
+            tuple(occupied[g] for g in sorted(occupied)),
+            self.mig_mode,
+            tuple(sorted(instances)),
+        )
+        self._group = (self.version, key)
+        return key
 
     # --- availability ------------------------------------------------------------------------------
 
@@ -187,6 +236,7 @@ class NodeState:
                 if inst.mask not in claimed_masks:
                     foreign |= inst.mask
         self._occupied[g] = occupied | foreign
+        self._reusable[g] = 0
         for i in gpu.mig:
             device = devices[i]
             if (
@@ -204,6 +254,8 @@ class NodeState:
                     break
             if exact is not None:
                 available[i] = not exact.in_use
+                if available[i]:
+                    self._reusable[g] |= device.mask
             else:
                 available[i] = device.mask & foreign == 0
         if gpu.whole is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from itertools import combinations
 
 import msgspec
 
@@ -115,6 +116,20 @@ class NodeShape:
         }
         whole_gpus = [g.index for g in gpus.values() if g.whole is not None]
         self.best_set_scores = self.pairs.best_set_scores(whole_gpus)
+        self.largest_nvlink_set = _largest_nvlink_set(self.pairs, whole_gpus)
+
+
+def _largest_nvlink_set(pairs: PairTable, gpus: list[int]) -> int:
+    """The most whole GPUs that are NVLink-connected pairwise (1 when no pair is)."""
+    best = 1 if gpus else 0
+    members = sorted(gpus)
+    if len(members) > 16:
+        return len(members)  # too many to search; never filters
+    for bits in range(1, 1 << len(members)):
+        chosen = [members[i] for i in range(len(members)) if bits >> i & 1]
+        if len(chosen) > best and all(pairs.nvlinks(a, b) > 0 for a, b in combinations(chosen, 2)):
+            best = len(chosen)
+    return best
 
 
 def _device_shape(

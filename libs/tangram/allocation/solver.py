@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import combinations
+from itertools import chain, combinations
 from math import comb
 
 from tangram.allocation.eligibility import Eligible
@@ -46,7 +46,9 @@ class _Search:
         claim: ResolvedClaim,
         eligible: Callable[[Alternative], Eligible],
         scored: bool,
+        first: tuple[int, ...] | None = None,
     ) -> None:
+        self.first = first
         self.node = node
         self.claim = claim
         self.eligible = eligible
@@ -115,7 +117,11 @@ class _Search:
             return iter(())
         if not self.scored:
             return combinations(free, alt.count)
-        return self._ranked(free, alt.count)
+        ranked = self._ranked(free, alt.count)
+        first = self.first
+        if depth == 0 and first is not None and len(first) == alt.count and set(first) <= set(free):
+            return chain((first,), ranked)
+        return ranked
 
     def _take(self, depth: int, alt: Alternative, choice: tuple[int, ...]) -> Callable[[], None] | None:
         name = f'request "{alt.result_name}"'
@@ -259,9 +265,11 @@ def solve(
     eligible: Callable[[Alternative], Eligible],
     *,
     scored: bool,
+    first: tuple[int, ...] | None = None,
 ) -> Solution | str:
-    """A solution on this node, or the reason there is none."""
-    search = _Search(node, claim, eligible, scored)
+    """A solution on this node, or the reason there is none; `first` is tried first for the
+    first request (the placement the fleet chose), the usual order after it."""
+    search = _Search(node, claim, eligible, scored, first)
     try:
         found = search.run()
     except _Failure:

@@ -44,6 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--claims", type=int, default=20_000, help="claim arrivals in the trace")
     parser.add_argument("--machine", default="hgx-h200", help="simulated machine of every node")
+    parser.add_argument(
+        "--mixed",
+        action="store_true",
+        help="a heterogeneous fleet of --nodes: 40%% hgx-h200, 30%% h100-nvl-4x2, 30%% l40s-8",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--load", type=float, default=0.75, help="share of the fleet's GPUs the claims alive ask for"
@@ -148,6 +153,28 @@ def _policies(text: str) -> list[Policy]:
     return chosen
 
 
+def _devices(nodes: list[NodeHardware], machines: list[tuple[str, int]]) -> int:
+    """Devices advertised by the fleet: the nodes of each machine are built one after another."""
+    total = 0
+    first = 0
+    for _, count in machines:
+        total += len(node_devices(nodes[first]).devices) * count
+        first += count
+    return total
+
+
+MIXED_FLEET = (("hgx-h200", 0.4), ("h100-nvl-4x2", 0.3), ("l40s-8", 0.3))
+
+
+def _machines(args: argparse.Namespace) -> list[tuple[str, int]]:
+    if not args.mixed:
+        return [(args.machine, args.nodes)]
+    counts = [(machine, int(args.nodes * share)) for machine, share in MIXED_FLEET]
+    first, count = counts[0]
+    counts[0] = (first, count + args.nodes - sum(c for _, c in counts))
+    return [(machine, count) for machine, count in counts if count > 0]
+
+
 def _check(args: argparse.Namespace, nodes: list[NodeHardware]) -> None:
     if args.nodes < 1 or args.claims < 1:
         raise ValueError("--nodes and --claims must be positive")
@@ -163,7 +190,8 @@ def _check(args: argparse.Namespace, nodes: list[NodeHardware]) -> None:
 def bench(args: argparse.Namespace) -> dict[str, Any]:
     policies = _policies(args.policies)
     started = time.perf_counter()
-    nodes = build_fleet([(args.machine, args.nodes)], keep_instances=args.keep_instances)
+    machines = _machines(args)
+    nodes = build_fleet(machines, keep_instances=args.keep_instances)
     hardware_s = time.perf_counter() - started
     _check(args, nodes)
     gpus = fleet_gpus(nodes)
@@ -173,10 +201,11 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     results = {policy: run_policy(nodes, ops, classes, policy) for policy in policies}
     out: dict[str, Any] = {
         "benchmark": "allocator",
-        "machine": args.machine,
+        "machine": "mixed" if args.mixed else args.machine,
+        "fleet": dict(machines),
         "nodes": args.nodes,
         "gpus": gpus,
-        "devices": len(node_devices(nodes[0]).devices) * len(nodes),
+        "devices": _devices(nodes, machines),
         "claims": args.claims,
         "seed": args.seed,
         "load": args.load,

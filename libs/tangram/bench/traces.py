@@ -84,6 +84,22 @@ QUALITY_MIX: tuple[tuple[ClaimShape, float], ...] = (
     (ClaimShape("mig", compute=4, slices=4), 0.03),
 )
 
+# The quality benchmark's demand on mixed fleets: MIG 1g/2g/3g/4g, whole 1/2/4/8 GPUs, multi-GPU
+# claims mostly on NVLink, and enough 8-GPU NVLink claims that keeping NVSwitch nodes whole matters.
+BENCH_MIX: tuple[tuple[ClaimShape, float], ...] = (
+    (ClaimShape("gpu", 1), 0.20),
+    (ClaimShape("gpu", 2, nvlink=True), 0.08),
+    (ClaimShape("gpu", 2), 0.04),
+    (ClaimShape("gpu", 4, nvlink=True), 0.05),
+    (ClaimShape("gpu", 4), 0.02),
+    (ClaimShape("gpu", 8, nvlink=True), 0.04),
+    (ClaimShape("mig", compute=1, slices=1), 0.24),
+    (ClaimShape("mig", compute=1, slices=2), 0.04),
+    (ClaimShape("mig", compute=2, slices=2), 0.12),
+    (ClaimShape("mig", compute=3, slices=4), 0.10),
+    (ClaimShape("mig", compute=4, slices=4), 0.03),
+)
+
 
 def mean_demand(mix: tuple[tuple[ClaimShape, float], ...]) -> float:
     total = sum(weight for _, weight in mix)

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from tangram.allocation import POLICIES, Allocated, Claim, DeviceClass, FleetState, NvlinkTally
 from tangram.events.inventory import NodeHardware
 from tangram.inputs import Document, InputError, load_yaml_documents, read_text, read_yaml
@@ -27,7 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--policy", choices=POLICIES, default="tangram")
     parser.add_argument(
-        "--explain", action="store_true", help="add why each candidate node was or was not chosen"
+        "--explain",
+        action="store_true",
+        help="add why the node was chosen (its demand-weighted loss, per claim kind) and why others were not",
     )
     parser.add_argument(
         "--no-shipped-classes", action="store_true", help="do not load Tangram's shipped DeviceClasses"
@@ -263,6 +267,8 @@ def _run(args: argparse.Namespace) -> int:
             line.update(status="failed", reason=decision.reason)
         if args.explain:
             line["explanation"] = decision.explanation
+            if decision.why is not None:
+                line["why"] = msgspec.to_builtins(decision.why)
         out.write(json.dumps(line) + "\n")
     metrics = fleet.metrics()
     total = sum(timings)

@@ -1,0 +1,389 @@
+"""Demand-aware placement (after FGD, USENIX ATC'23): put a claim where it costs expected demand least.
+
+For every kind of claim in the demand mix, the fleet's supply is how many such claims still fit
+(each kind counted alone, summed over nodes). A placement's loss is what it takes from that:
+
+    loss = sum over kinds k of  demand(k) / supply(k) * (fits_k(node before) - fits_k(node after))
+
+so a kind that is wanted much and offered little (8 NVLink-connected GPUs on a fleet with a few
+NVSwitch nodes) weighs most, and a placement that spends nothing anybody wants costs nothing.
+Candidates are compared by (free instances destroyed, loss, NVLink quality normalised per
+hardware, MIG mode changes, MIG instances created, how full the node is left, its state), all of
+which are facts of the node's hardware and state: node names and GPU order never decide, except
+between nodes in exactly the same state, where either choice leaves the same fleet up to names.
+
+Nodes are grouped by that state (NodeState.group_key): a decision scores one node per group, and
+each group's options and fit counts are cached per state, so a fleet of thousands of nodes with
+few distinct states costs a few dozen scores per decision.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Any
+
+from tangram.allocation.capacity import FitState, Want, fit, placements_fit, want_on
+from tangram.allocation.demand import ClaimKind, Demand
+from tangram.allocation.eligibility import Eligible
+from tangram.allocation.model import CandidateScore, LossTerm
+from tangram.allocation.node import NodeState
+from tangram.allocation.requests import Alternative
+from tangram.allocation.shape import NodeShape
+
+_OPTIONS_CACHED = 100_000
+_COMBINATIONS_LIMIT = 512  # GPU sets scored per node state; larger nodes take the first ones
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One way to place the claim on a node of a group: the devices and what it leaves."""
+
+    devices: tuple[int, ...]
+    after: FitState
+    quality: float  # GPU set score / the best set of that many GPUs on the hardware (1.0 for one GPU)
+    set_score: int
+    mode_changes: int
+    creates: int
+    leaves: tuple[int, int]  # (free whole GPUs, free memory slices) after: fuller first
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    group: tuple[Any, ...]
+    node: NodeState
+    option: Option
+    rank: tuple[Any, ...]
+    loss: float
+
+
+def fit_state(key: tuple[Any, ...]) -> FitState:
+    return key[0], key[1], key[2]
+
+
+class DemandIndex:
+    """Nodes grouped by state, supply per claim kind, and the demand mix that weighs them."""
+
+    def __init__(self, shapes: dict[str, NodeShape], eligible: Callable[[NodeState, Alternative], Eligible]):
+        self.demand = Demand()
+        self._shapes = shapes
+        self._eligible = eligible
+        self.groups: dict[tuple[Any, ...], list[str]] = {}
+        self._group_of: dict[str, tuple[Any, ...]] = {}
+        self._sample: dict[str, NodeState] = {}  # a node per shape signature, for eligibility
+        self.tracked: list[ClaimKind] = []
+        self._position: dict[tuple[Any, ...], int] = {}
+        self.supply: list[int] = []
+        self._fits: dict[FitState, tuple[int, ...]] = {}
+        self._wants: dict[tuple[str, tuple[Any, ...]], Want | None] = {}
+        self._options: dict[tuple[Any, ...], tuple[tuple[Option, tuple[tuple[int, int], ...]], ...]] = {}
+        for kind in self.demand.kinds.values():
+            self._track(kind)
+
+    # --- the index -------------------------------------------------------------------------------
+
+    def place(self, node: NodeState) -> None:
+        """(Re)file the node under its current state; supply follows."""
+        key = node.group_key()
+        old = self._group_of.get(node.name)
+        if old == key:
+            return
+        self._sample.setdefault(node.shape.signature, node)
+        if old is not None:
+            self._leave(node.name, old)
+        insort(self.groups.setdefault(key, []), node.name)
+        self._group_of[node.name] = key
+        self._add_supply(fit_state(key), 1)
+
+    def remove(self, name: str) -> None:
+        old = self._group_of.pop(name, None)
+        if old is not None:
+            self._leave(name, old)
+
+    def forget_sample(self, node: NodeState) -> None:
+        if self._sample.get(node.shape.signature) is node:
+            del self._sample[node.shape.signature]
+
+    def _leave(self, name: str, key: tuple[Any, ...]) -> None:
+        members = self.groups[key]
+        position = bisect_left(members, name)
+        if position < len(members) and members[position] == name:
+            del members[position]
+        if not members:
+            del self.groups[key]
+        self._add_supply(fit_state(key), -1)
+
+    def _add_supply(self, state: FitState, sign: int) -> None:
+        fits = self.fits(state)
+        supply = self.supply
+        for i, value in enumerate(fits):
+            if value:
+                supply[i] += sign * value
+
+    # --- kinds and their supply ------------------------------------------------------------------
+
+    def note(self, kind: ClaimKind) -> None:
+        if self.demand.note(kind):
+            self._track(kind)
+
+    def _track(self, kind: ClaimKind) -> None:
+        if kind.key in self._position:
+            return
+        self.tracked = sorted([*self.tracked, kind], key=lambda k: k.order)
+        self._position = {k.key: i for i, k in enumerate(self.tracked)}
+        self._fits.clear()
+        self._options.clear()
+        self.supply = [0] * len(self.tracked)
+        for key, members in self.groups.items():
+            fits = self.fits(fit_state(key))
+            for i, value in enumerate(fits):
+                self.supply[i] += value * len(members)
+
+    def want(self, signature: str, kind: ClaimKind) -> Want | None:
+        cache_key = (signature, kind.key)
+        if cache_key in self._wants:
+            return self._wants[cache_key]
+        shape = self._shapes[signature]
+        sample = self._sample.get(signature)
+        eligible = None
+        if kind.alt is not None:
+            eligible = self._eligible(sample, kind.alt) if sample is not None else None
+        found = want_on(shape, kind, eligible) if kind.alt is None or eligible is not None else None
+        if sample is not None or kind.alt is None:
+            self._wants[cache_key] = found
+        return found
+
+    def fits(self, state: FitState) -> tuple[int, ...]:
+        found = self._fits.get(state)
+        if found is None:
+            signature, free_whole, occupied = state
+            values = []
+            for kind in self.tracked:
+                want = self.want(signature, kind)
+                values.append(0 if want is None else fit(want, free_whole, occupied))
+            found = self._fits[state] = tuple(values)
+        return found
+
+    def weights(self) -> list[float]:
+        return [
+            self.demand.weight(kind.key) / max(supply, 1)
+            for kind, supply in zip(self.tracked, self.supply, strict=True)
+        ]
+
+    # --- options on a group ----------------------------------------------------------------------
+
+    def options(
+        self, key: tuple[Any, ...], node: NodeState, kind: ClaimKind, want: Want
+    ) -> tuple[tuple[Option, tuple[tuple[int, int], ...]], ...]:
+        """The group's placements with what each takes from every kind, one per distinct outcome."""
+        cache_key = (key, kind.key)
+        found = self._options.get(cache_key)
+        if found is None:
+            if len(self._options) > _OPTIONS_CACHED:
+                self._options.clear()
+            before = fit_state(key)
+            seen: set[tuple[Any, ...]] = set()
+            kept = []
+            for option in options_on(node, key, kind, want):
+                delta = self.delta(before, option)
+                outcome = (delta, option.quality, option.mode_changes, option.creates, option.leaves)
+                if outcome in seen:
+                    continue
+                seen.add(outcome)
+                kept.append((option, delta))
+            found = self._options[cache_key] = tuple(kept)
+        return found
+
+    def delta(self, before: FitState, option: Option) -> tuple[tuple[int, int], ...]:
+        """(kind position, fits lost) for every kind the option takes room from.
+
+        Only the GPUs the option touches change, so MIG kinds are recounted on those GPUs alone
+        and whole-GPU kinds only when a free whole GPU is taken.
+        """
+        signature, free_whole, occupied = before
+        _, free_after, occupied_after = option.after
+        old = self.fits(before)
+        changed = [p for p, (a, b) in enumerate(zip(occupied, occupied_after, strict=True)) if a != b]
+        out = []
+        for i, kind in enumerate(self.tracked):
+            if not old[i]:
+                continue
+            want = self.want(signature, kind)
+            if want is None:
+                continue
+            if want.kind == "gpu":
+                if free_after == free_whole:
+                    continue
+                lost = old[i] - fit(want, free_after, occupied_after)
+            elif want.count == 1:
+                lost = 0
+                for p in changed:
+                    masks = want.masks[p]
+                    if masks:
+                        lost += placements_fit(masks, occupied[p]) - placements_fit(masks, occupied_after[p])
+            else:
+                lost = old[i] - fit(want, free_after, occupied_after)
+            if lost:
+                out.append((i, lost))
+        return tuple(out)
+
+    def choose(
+        self,
+        kind: ClaimKind,
+        nodes: dict[str, NodeState],
+        rejected: dict[str, int],
+        ranked: list[Choice] | None = None,
+    ) -> Choice | None:
+        """The best placement over every group, or None when no group has one."""
+        weights = self.weights()
+        best: Choice | None = None
+        best_rank: tuple[Any, ...] | None = None
+        unmatched = unfit = 0
+        wants = {signature: self.want(signature, kind) for signature in self._sample}
+        for key, members in self.groups.items():
+            want = wants.get(key[0])
+            if want is None:
+                unmatched += len(members)
+                continue
+            found = self._options.get((key, kind.key))
+            if found is None:
+                found = self.options(key, nodes[members[0]], kind, want)
+            if not found:
+                unfit += len(members)
+                continue
+            mine: tuple[Any, ...] | None = None
+            chosen: Option | None = None
+            for option, delta in found:
+                loss = 0.0
+                for i, lost in delta:
+                    loss += weights[i] * lost
+                # On the node, the claim gets the best GPU set it has; between nodes, loss first.
+                local = (
+                    -option.quality,
+                    loss,
+                    option.mode_changes,
+                    option.creates,
+                    option.leaves,
+                    option.devices,
+                )
+                if mine is None or local < mine:
+                    mine = local
+                    chosen = option
+            assert mine is not None and chosen is not None
+            rank = (mine[1], mine[0], mine[2], mine[3], mine[4], key, mine)
+            if ranked is not None:
+                ranked.append(Choice(key, nodes[members[0]], chosen, rank, mine[1]))
+            if best_rank is None or rank < best_rank:
+                best_rank = rank
+                best = Choice(key, nodes[members[0]], chosen, rank, mine[1])
+        if unmatched:
+            rejected["no device of this hardware matches the claim"] = unmatched
+        if unfit:
+            rejected["not enough free GPUs or MIG slices"] = unfit
+        return best
+
+    def explain(self, choice: Choice) -> list[LossTerm]:
+        weights = self.weights()
+        before = self.fits(fit_state(choice.group))
+        after = self.fits(choice.option.after)
+        return [
+            LossTerm(
+                kind=kind.label,
+                demand=round(self.demand.weight(kind.key), 4),
+                supply=self.supply[i],
+                weight=round(weights[i], 6),
+                fits_before=before[i],
+                fits_after=after[i],
+                loss=round(weights[i] * (before[i] - after[i]), 6),
+            )
+            for i, kind in enumerate(self.tracked)
+            if before[i] != after[i]
+        ]
+
+    def score(self, choice: Choice, nodes_alike: int, reconfigurations: int = 0) -> CandidateScore:
+        node = choice.node
+        return CandidateScore(
+            node=node.name,
+            nodes_alike=nodes_alike,
+            loss=choice.loss,
+            nvlink_quality=round(choice.option.quality, 4),
+            reconfigurations=reconfigurations,
+            mode_changes=choice.option.mode_changes,
+            creates=choice.option.creates,
+            devices=[node.shape.devices[d].name for d in choice.option.devices],
+        )
+
+
+def options_on(node: NodeState, key: tuple[Any, ...], kind: ClaimKind, want: Want) -> tuple[Option, ...]:
+    """Every placement of the kind on the node (whose group key is `key`)."""
+    return tuple(_options(node, key, want))
+
+
+def _options(node: NodeState, key: tuple[Any, ...], want: Want) -> Iterator[Option]:
+    shape = node.shape
+    available = node.available
+    _, free_whole, occupied = fit_state(key)
+    positions = {g: p for p, g in enumerate(sorted(shape.gpus))}
+    if want.kind == "gpu":
+        free = [
+            g
+            for g in sorted(shape.gpus)
+            if want.whole >> g & 1 and shape.gpus[g].whole is not None and available[shape.gpus[g].whole or 0]
+        ]
+        if want.paired:
+            groups: Iterator[tuple[int, ...]] = (
+                c
+                for c in combinations(free, want.count)
+                if all(want.compatible[a] >> b & 1 for a, b in combinations(c, 2))
+            )
+        else:
+            groups = combinations(free, want.count)
+        ideal = shape.best_set_scores.get(want.count, 0)
+        for n, gpus in enumerate(groups):
+            if n >= _COMBINATIONS_LIMIT:
+                break
+            after_occ = list(occupied)
+            bits = free_whole
+            for g in gpus:
+                bits &= ~(1 << g)
+                after_occ[positions[g]] = (1 << shape.gpus[g].slices) - 1 if shape.gpus[g].slices else 0
+            score = shape.pairs.set_score(gpus) if len(gpus) > 1 else 0
+            yield Option(
+                devices=tuple(shape.gpus[g].whole or 0 for g in gpus),
+                after=(key[0], bits, tuple(after_occ)),
+                quality=score / ideal if ideal else 1.0,
+                set_score=score,
+                mode_changes=sum(node.mig_mode >> g & 1 for g in gpus),
+                creates=0,
+                leaves=_leaves(shape, bits, after_occ),
+            )
+        return
+    for d in sorted(want.devices):
+        if not available[d]:
+            continue
+        device = shape.devices[d]
+        g = device.gpu_index
+        after_occ = list(occupied)
+        after_occ[positions[g]] |= device.mask
+        bits = free_whole & ~(1 << g)
+        create = node.instance_for(device) is None
+        yield Option(
+            devices=(d,),
+            after=(key[0], bits, tuple(after_occ)),
+            quality=1.0,
+            set_score=0,
+            mode_changes=int(create and not (node.mig_mode >> g & 1) and bool(free_whole >> g & 1)),
+            creates=int(create),
+            leaves=_leaves(shape, bits, after_occ),
+        )
+
+
+def _leaves(shape: NodeShape, free_whole: int, occupied: list[int]) -> tuple[int, int]:
+    slices = 0
+    for position, g in enumerate(sorted(shape.gpus)):
+        width = shape.gpus[g].slices
+        if width:
+            slices += width - bin(occupied[position] & ((1 << width) - 1)).count("1")
+    return bin(free_whole).count("1"), slices
