@@ -1,4 +1,5 @@
-"""Shared fixtures: a real nats-server per test, and a guard against leaked asyncio tasks."""
+"""Shared fixtures: a real nats-server (or a 3-server JetStream cluster) per test, and a guard
+against leaked asyncio tasks."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tangram.bus import Bus, BusConfig
-from tangram.natsserver import NatsServer
+from tangram.natsserver import NatsCluster, NatsServer
 
 
 @pytest.fixture
@@ -23,6 +24,18 @@ def nats_server() -> Iterator[NatsServer]:
             yield server
         finally:
             server.stop()
+
+
+@pytest.fixture
+def nats_cluster() -> Iterator[NatsCluster]:
+    """Three nats-servers in one JetStream cluster on loopback, each with its own ports and store."""
+    with tempfile.TemporaryDirectory(prefix="tangram-nats-cluster-") as root:
+        cluster = NatsCluster(Path(root))
+        cluster.start()
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
 
 
 @pytest.fixture

@@ -107,6 +107,8 @@ async def _serve(ctx: ServiceContext, settings: AllocatorSettings, tasks: list[a
         producer=ctx.bus.config.producer,
     )
     await rebuild(ctx, ledger)
+    if ctx.health is not None:
+        ctx.health.state = ledger.snapshot
     # The fleet state is long-lived: move it out of the collector's way so that full collections
     # do not walk it (a pause of hundreds of ms at 1,000 nodes) in the middle of decisions.
     gc.collect()

@@ -4,6 +4,7 @@ GPUs in parallel, each command id answered once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -14,6 +15,9 @@ import pynvml
 from services.partitioner import results
 from tangram.bus import Poison, Retry
 from tangram.events import (
+    ClaimAllocated,
+    ClaimFailed,
+    ClaimReleased,
     Event,
     MigPlacement,
     NodeHardware,
@@ -70,6 +74,8 @@ class Partitioner:
         producer: str,
         warm_pool: Mapping[str, int] | None = None,
         claim_release_wait_s: float = 2.0,
+        stop: asyncio.Event | None = None,
+        log_lag_s: float = 120.0,
     ) -> None:
         self.node = node
         self.executor = executor
@@ -79,17 +85,73 @@ class Partitioner:
         self._producer = producer
         self._warm_pool = dict(warm_pool or {})
         self._claim_release_wait_s = claim_release_wait_s
+        self._stop = stop or asyncio.Event()
+        # How long a command waits for a release the allocator must have logged before it (a NATS
+        # outage delays the log); past it, the claim is taken to be really live and the command refused.
+        self._log_lag_s = log_lag_s
         self._slots: dict[str, _GpuSlot] = {}
         self._in_flight: dict[str, asyncio.Event] = {}
         self._inventory_dirty = asyncio.Event()
         self._log_changed = asyncio.Event()
         self._generation = 0
+        self._cleanups: set[asyncio.Task[None]] = set()
 
     def observe(self, event: Event) -> None:
         """Folds an event of the log (the follow's handler) and wakes commands waiting on it."""
+        orphans = self._orphans_of(event)
         self.ledger.observe(event)
         self._log_changed.set()
         self._log_changed = asyncio.Event()
+        for made in orphans:
+            self._remove_later(made)
+
+    def _orphans_of(self, event: Event) -> list[PartitionApplied]:
+        """Instances made for a claim by commands its decision does not name: an allocator that
+        died between sending a claim's commands and its decision decides again after restart,
+        maybe elsewhere; what the first commands made belongs to no one."""
+        if not isinstance(event, ClaimAllocated | ClaimFailed | ClaimReleased):
+            return []
+        if isinstance(event, ClaimAllocated):
+            named = set(event.partitions) if event.node == self.node else set()
+        else:
+            allocation = self.ledger.allocation(event.uid)
+            named = set(allocation.partitions) if allocation is not None else set()
+        return [made for made in self.ledger.created_for(event.uid) if made.command_id not in named]
+
+    def _orphan_now(self, made: PartitionApplied) -> bool:
+        """A create that finished after its claim's decision or end was read, and that the
+        decision does not name (the decision was read while the create ran)."""
+        allocation = self.ledger.allocation(made.claim_uid)
+        if allocation is not None:
+            return made.command_id not in allocation.partitions
+        return self.ledger.has_ended(made.claim_uid)
+
+    def _remove_later(self, made: PartitionApplied) -> None:
+        task = asyncio.create_task(self._remove_orphan(made))
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+
+    async def close(self) -> None:
+        for task in list(self._cleanups):
+            task.cancel()
+        await asyncio.gather(*self._cleanups, return_exceptions=True)
+
+    async def _remove_orphan(self, made: PartitionApplied) -> None:
+        key = InstanceKey.of(made.gpu_uuid, made.placement)
+        observed = await asyncio.to_thread(self.executor.find, made.gpu_uuid, made.placement)
+        if observed is None or observed.mig_uuid != made.mig_uuid or observed.in_use:
+            return
+        reason = (
+            f"{made.profile} {made.mig_uuid} made for claim {made.claim_uid} by a command its "
+            "decision does not name"
+        )
+        try:
+            await self._clean(Finding("orphan", key, reason, made.claim_uid, observed))
+        except Exception:
+            log.exception(
+                "orphan instance not removed; the next start's reconciliation will",
+                extra={"mig_uuid": made.mig_uuid},
+            )
 
     def _slot(self, gpu_uuid: str) -> _GpuSlot:
         return self._slots.setdefault(gpu_uuid, _GpuSlot())
@@ -119,6 +181,12 @@ class Partitioner:
             await self._publish(result)
             self.ledger.record(result)
             self._account(event, result)
+            if (
+                isinstance(result, PartitionApplied)
+                and result.action == "create"
+                and self._orphan_now(result)
+            ):
+                self._remove_later(result)
         finally:
             slot.finished()
             done.set()
@@ -163,6 +231,15 @@ class Partitioner:
         return round((time.perf_counter() - started) * 1000, 3)
 
     async def _create(self, command: PartitionRequested, slot: _GpuSlot, started: float) -> PartitionResult:
+        uid = command.claim_uid
+        allocation = self.ledger.allocation(uid) if uid else None
+        if (allocation is not None and command.command_id not in allocation.partitions) or (
+            uid and self.ledger.has_ended(uid)
+        ):
+            raise PartitionError(
+                f"claim {uid} is decided without command {command.command_id} (sent before the "
+                "allocator restarted and decided again) or has ended: nothing is created"
+            )
         for attempt in range(2):
             async with slot.lock:
                 try:
@@ -179,6 +256,7 @@ class Partitioner:
     async def _create_locked(self, command: PartitionRequested) -> CreatedInstance:
         executor = self.executor
         key = InstanceKey.of(command.gpu_uuid, command.placement)
+        await self._clear_released(command)
         existing = await asyncio.to_thread(executor.find, command.gpu_uuid, command.placement)
         if existing is not None:
             owner = self.ledger.owner(key)
@@ -210,8 +288,48 @@ class Partitioner:
             executor.create, command.gpu_uuid, command.profile_id, command.placement
         )
 
+    async def _clear_released(self, command: PartitionRequested) -> None:
+        """Make room for a create among instances of claims that are gone.
+
+        The allocator creates only on slices it has freed: a claim still holding them here is one
+        whose release this node has not read yet (after a NATS outage the log can lag), so it is
+        waited for. An instance Tangram made for a claim that is gone, still there because its
+        destroy command has not arrived (a redelivery after an outage comes late), is destroyed
+        now instead of failing the new claim; its destroy then finds nothing left to do.
+        """
+        executor = self.executor
+        for instance in await asyncio.to_thread(executor.observe, command.gpu_uuid):
+            if not instance.overlaps(command.placement):
+                continue
+            key = InstanceKey.of(command.gpu_uuid, instance.placement)
+            owner = self.ledger.owner(key)
+            if owner is not None and owner != command.claim_uid:
+                await self._wait_until_released(owner, why=f"create {command.command_id}")
+                owner = self.ledger.owner(key)
+            created = self.ledger.created(key)
+            made_for = created.claim_uid if created is not None else ""
+            released_leftover = (
+                owner is None
+                and made_for not in ("", command.claim_uid)
+                and not self.ledger.is_warm(key)
+                and not instance.in_use
+                and (instance.placement != command.placement or instance.profile_id != command.profile_id)
+            )
+            if released_leftover:
+                log.info(
+                    "destroying a released claim's instance in the way of a create",
+                    extra={"gpu_uuid": key.gpu_uuid, "mig_uuid": instance.mig_uuid, "claim": made_for},
+                )
+                with contextlib.suppress(InstanceNotFound):
+                    await asyncio.to_thread(executor.destroy, command.gpu_uuid, placement=instance.placement)
+
     async def _destroy(self, command: PartitionRequested, slot: _GpuSlot, started: float) -> PartitionResult:
         key = InstanceKey.of(command.gpu_uuid, command.placement)
+        owner = self.ledger.owner(key)
+        if owner is not None and owner == command.claim_uid:
+            # The allocator destroys a claim's instance only once it has freed the claim: the
+            # release is in the log (or about to be), only not read here yet.
+            await self._wait_until_released(owner, why=f"destroy {command.command_id}")
         owner = await self._wait_for_release(key)
         if owner is not None:
             raise PartitionError(
@@ -260,6 +378,7 @@ class Partitioner:
                     f"GPU {command.gpu_uuid} needs a GPU reset to leave MIG mode",
                     nvml_error=nvml_error_name(pynvml.NVML_ERROR_RESET_REQUIRED),
                 )
+            await self._clear_released(command)  # the command's placement spans the whole GPU
             left = await asyncio.to_thread(executor.observe, command.gpu_uuid)
             if left:
                 held = ", ".join(
@@ -271,6 +390,33 @@ class Partitioner:
                 )
             await asyncio.to_thread(executor.disable_mig, command.gpu_uuid)
             return results.mig_disabled(command, producer=self._producer, ms=self._ms(started))
+
+    async def _wait_until_released(self, claim_uid: str, *, why: str) -> None:
+        """Until this node's view of the log no longer holds the claim live (at most `log_lag_s`);
+        at stop, Retry: the command is redelivered to the next process."""
+        waited = time.monotonic()
+        warned = waited
+        while self.ledger.is_live(claim_uid) and time.monotonic() - waited < self._log_lag_s:
+            if self._stop.is_set():
+                raise Retry(f"{why}: stopping before the release of claim {claim_uid} was read")
+            changed = asyncio.ensure_future(self._log_changed.wait())
+            stopping = asyncio.ensure_future(self._stop.wait())
+            try:
+                await asyncio.wait(
+                    {changed, stopping},
+                    timeout=min(5.0, self._log_lag_s),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            finally:
+                for waiter in (changed, stopping):
+                    waiter.cancel()
+                await asyncio.gather(changed, stopping, return_exceptions=True)
+            if time.monotonic() - warned >= 30.0:
+                warned = time.monotonic()
+                log.warning(
+                    "still waiting to read a claim's release",
+                    extra={"claim": claim_uid, "for": why, "waited_s": round(warned - waited, 1)},
+                )
 
     async def _wait_for_release(self, key: InstanceKey) -> str | None:
         """The live claim holding the instance; a release on its way through the log is waited for."""
@@ -315,6 +461,11 @@ class Partitioner:
         key = finding.key
         placement = MigPlacement(start=key.start, size=key.size)
         async with self._slot(key.gpu_uuid).lock:
+            if finding.observed is not None and finding.observed.mig_uuid:
+                # Found outside the lock: another command may have replaced it since.
+                now = await asyncio.to_thread(self.executor.find, key.gpu_uuid, placement)
+                if now is None or now.mig_uuid != finding.observed.mig_uuid:
+                    return
             try:
                 gone = await asyncio.to_thread(self.executor.destroy, key.gpu_uuid, placement=placement)
             except PartitionError as exc:

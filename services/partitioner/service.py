@@ -54,6 +54,7 @@ async def run(ctx: ServiceContext, settings: PartitionerSettings) -> None:
         producer=f"partitioner@{node}",
         warm_pool=settings.warm_pool,
         claim_release_wait_s=settings.claim_release_wait_s,
+        stop=ctx.stop,
     )
     tasks: list[asyncio.Task[None]] = []
     try:
@@ -90,4 +91,5 @@ async def run(ctx: ServiceContext, settings: PartitionerSettings) -> None:
         try:
             await settle(tasks)
         finally:
+            await partitioner.close()
             nvml.nvmlShutdown()

@@ -22,6 +22,9 @@ from tangram.events import (
     PartitionRequested,
 )
 from tangram.k8s.deviceclasses import load_shipped_device_classes
+from tangram.nvml import SimNvml, parse_mig_minors, render_mig_minors
+from tangram.nvml.inventory import read_node_hardware
+from tangram.partitioning import MigExecutor
 
 from .helpers import gpus, inventory, mig, request
 
@@ -261,6 +264,36 @@ def test_whole_gpu_claim_fails_with_a_reason_when_mig_mode_cannot_be_left() -> N
         f"GPU {command.gpu_uuid} of node n1 could not leave MIG mode for a whole-GPU claim: "
         "processes are running"
     )
+
+
+def test_a_refused_destroy_keeps_the_instances_slices_out_of_later_decisions() -> None:
+    """A destroy the node refused leaves the instance on the GPU: handing its slices out again
+    would make the next create there fail after its claim was allocated."""
+    book = ledger()
+    book.apply(inventory("dgx-h100", "n1"), live=False)
+    create, allocated = book.apply(request(1, mig("7g.80gb")))
+    assert isinstance(create, PartitionRequested) and isinstance(allocated, ClaimAllocated)
+    nvml = SimNvml.from_machine("dgx-h100")
+    nvml.nvmlInit()
+    MigExecutor(nvml, minors=parse_mig_minors(render_mig_minors())).create(
+        create.gpu_index, create.profile_id, create.placement
+    )
+    book.apply(NodeInventory(key="n1", hardware=read_node_hardware(nvml, "n1")), live=False)
+    [destroy] = book.apply(
+        ClaimReleased(key=allocated.uid, namespace="team", name="claim-1", uid=allocated.uid)
+    )
+    assert isinstance(destroy, PartitionRequested) and destroy.action == "destroy"
+    refused = PartitionFailed(
+        key="n1", command_id=destroy.command_id, node="n1", action="destroy", gpu_uuid=destroy.gpu_uuid,
+        profile=destroy.profile, placement=destroy.placement, claim_uid=allocated.uid,
+        nvml_error="NVML_ERROR_IN_USE", reason="compute processes run on it",
+    )  # fmt: skip
+    assert book.apply(refused) == []
+    # Eight claims for a 4g instance, one per GPU: the GPU still holding the 7g cannot take one.
+    decided = [book.apply(request(10 + n, mig("4g.40gb")))[-1] for n in range(8)]
+    placed = [d for d in decided if isinstance(d, ClaimAllocated)]
+    assert len(placed) == 7 and isinstance(decided[-1], ClaimFailed)
+    assert create.gpu_index not in {d.devices[0].gpu_index for d in placed}
 
 
 def test_a_partition_failure_from_another_node_fails_nothing() -> None:

@@ -42,10 +42,30 @@ def test_compose_runs_nats_with_jetstream_and_every_service() -> None:
     assert set(services) >= SERVICES
 
 
+def test_compose_runs_a_three_server_nats_cluster_and_services_replicate_streams_on_it() -> None:
+    services = _compose()["services"]
+    servers = sorted(name for name in services if name.startswith("nats"))
+    assert servers == ["nats", "nats-2", "nats-3"]
+    routes = {f"nats-route://{name}:6222" for name in servers}
+    names = set()
+    for name in servers:
+        command = services[name]["command"]
+        assert set(command[command.index("--routes") + 1].split(",")) == routes
+        assert command[command.index("--cluster_name") + 1] == "tangram"
+        names.add(command[command.index("--server_name") + 1])
+    assert len(names) == 3
+    for name, service in services.items():
+        if name.startswith("nats"):
+            continue
+        environment = service["environment"]
+        assert set(environment["TANGRAM_NATS_URL"].split(",")) == {f"nats://{s}:4222" for s in servers}
+        assert environment["TANGRAM_NATS_STREAM_REPLICAS"] == "3"
+
+
 def test_compose_services_exist_and_set_only_known_variables() -> None:
     known = _settings_env_vars()
     for name, service in _compose()["services"].items():
-        if name == "nats":
+        if name.startswith("nats"):
             continue
         environment = service["environment"]
         module = environment["SERVICE"]

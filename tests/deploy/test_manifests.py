@@ -200,3 +200,19 @@ def test_no_manifest_carries_a_password() -> None:
     for path in DEPLOY.rglob("*.yaml"):
         text = path.read_text().lower()
         assert "password:" not in text and "nats://" not in text.replace("nats://nats", ""), path
+
+
+def test_nats_is_a_three_server_cluster_and_every_user_of_it_replicates_streams_three_times() -> None:
+    nats = _by_kind("StatefulSet", "tangram-nats")
+    assert nats["spec"]["replicas"] == 3 and nats["spec"]["podManagementPolicy"] == "Parallel"
+    config = _by_kind("ConfigMap", "tangram-nats-config")["data"]["nats.conf"]
+    routes = [f"tangram-nats-{n}.tangram-nats-headless.tangram.svc:6222" for n in range(3)]
+    assert all(f"nats-route://{route}" in config for route in routes)
+    assert "include ./authorization.conf" in config and "server_name: $POD_NAME" in config
+    assert _by_kind("PodDisruptionBudget", "tangram-nats")["spec"]["maxUnavailable"] == 1
+    for kind, name in (("Deployment", "tangram-allocator"), ("DaemonSet", "tangram-node")):
+        for container in _by_kind(kind, name)["spec"]["template"]["spec"]["containers"]:
+            env = {e["name"]: e.get("value") for e in container.get("env", [])}
+            assert env.get("TANGRAM_NATS_STREAM_REPLICAS") == "3", (name, container["name"])
+    job = _by_kind("Job", "tangram-nats-streams")["spec"]["template"]["spec"]["containers"][0]
+    assert "stream_replicas=3" in job["command"][-1]

@@ -9,11 +9,11 @@ import asyncio
 import random
 import shutil
 import time
-from collections import defaultdict
 
 import pytest
 
 from tangram.bus import Bus, BusConfig
+from tangram.chaos.invariants import overlapping_allocations
 from tangram.demo.cluster import LocalCluster, SimNode
 from tangram.demo.driver import Driver, Held, Tracker, wait_for_cluster
 from tangram.demo.scenario import DemoClaim, churn, mig, whole_gpus
@@ -21,9 +21,7 @@ from tangram.events import (
     CLAIMS_STREAM,
     ClaimAllocated,
     ClaimFailed,
-    ClaimReleased,
     ClaimRequested,
-    Event,
 )
 from tangram.nvml import SimNvml
 
@@ -42,36 +40,6 @@ def mig_uuids(cluster: LocalCluster, node: SimNode) -> set[str]:
             except Exception:
                 continue
     return found
-
-
-def overlapping_allocations(log: list[Event]) -> list[str]:
-    """Replays the claim log: every memory slice (or whole GPU) held by at most one live claim."""
-    held: dict[tuple[str, int], dict[str, set[int]]] = defaultdict(dict)
-    problems = []
-    for event in log:
-        match event:
-            case ClaimAllocated():
-                for device in event.devices:
-                    key = (event.node, device.gpu_index)
-                    slices = (
-                        set(range(8))
-                        if device.placement is None
-                        else set(
-                            range(device.placement.start, device.placement.start + device.placement.size)
-                        )
-                    )
-                    for other, taken in held[key].items():
-                        if other != event.uid and taken & slices:
-                            problems.append(
-                                f"{event.uid} and {other} both hold GPU {key} slices {taken & slices}"
-                            )
-                    held[key].setdefault(event.uid, set()).update(slices)
-            case ClaimReleased() | ClaimFailed():
-                for owners in held.values():
-                    owners.pop(event.uid, None)
-            case _:
-                pass
-    return problems
 
 
 async def submit_all(driver: Driver, claims: list[DemoClaim]) -> list[Held | None]:

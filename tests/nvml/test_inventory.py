@@ -1,5 +1,6 @@
 from itertools import combinations
 
+import pynvml
 import pytest
 
 from tangram.hardware.machines import list_machines
@@ -105,3 +106,16 @@ def test_lost_gpu_is_unhealthy_and_health_override() -> None:
 def test_semver_driver() -> None:
     assert semver_driver("580.95.05") == "580.95.5"
     assert semver_driver("535.104") == "535.104.0"
+
+
+def test_a_read_the_gpus_changed_under_is_read_again() -> None:
+    """MIG turned off (or an instance destroyed) between two calls of one read: NVML answers
+    NOT_SUPPORTED for a handle read a moment before; the inventory is read again, not lost."""
+    nvml = SimNvml.from_machine("hgx-h200")
+    nvml.nvmlInit()
+    expected = read_node_hardware(nvml, "n1")
+    nvml.sim_fail_next("nvmlDeviceGetGpuInstances", pynvml.NVML_ERROR_NOT_SUPPORTED, times=2)
+    assert read_node_hardware(nvml, "n1") == expected
+    nvml.sim_fail_next("nvmlDeviceGetGpuInstances", pynvml.NVML_ERROR_NOT_SUPPORTED, times=5)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        read_node_hardware(nvml, "n1")

@@ -56,6 +56,7 @@ def partitioner(
     ledger: PartitionLedger | None = None,
     warm_pool: dict[str, int] | None = None,
     claim_release_wait_s: float = 0.0,
+    log_lag_s: float = 0.3,
 ) -> Partitioner:
     def read() -> NodeHardware:
         return read_node_hardware(nvml, NODE)
@@ -69,6 +70,7 @@ def partitioner(
         producer=f"partitioner@{NODE}",
         warm_pool=warm_pool,
         claim_release_wait_s=claim_release_wait_s,
+        log_lag_s=log_lag_s,
     )
 
 

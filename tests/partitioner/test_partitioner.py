@@ -64,7 +64,7 @@ async def test_same_placement_taken_by_another_claim_is_refused() -> None:
     nvml = sim("dgx-h100")
     collected = Collected()
     p = partitioner(nvml, collected)
-    p.observe(_allocated("claim-1", nvml, 1, start=0, size=2))
+    p.observe(_allocated("claim-1", nvml, 1, start=0, size=2, partitions=("c-a",)))
     await p.handle(command("c-a", nvml, gpu=1, profile="2g.20gb", profile_id=14, start=0, size=2))
     await p.handle(
         command("c-b", nvml, gpu=1, profile="2g.20gb", profile_id=14, start=0, size=2, claim_uid="claim-2")
@@ -134,7 +134,7 @@ async def test_destroy_of_an_instance_held_by_a_live_claim_is_refused() -> None:
     nvml = sim("dgx-h100")
     collected = Collected()
     p = partitioner(nvml, collected)
-    p.observe(_allocated("claim-1", nvml, 0, start=0, size=4))
+    p.observe(_allocated("claim-1", nvml, 0, start=0, size=4, partitions=("c",)))
     await p.handle(command("c", nvml, profile="3g.40gb", profile_id=9, start=0, size=4))
     await p.handle(command("d", nvml, action="destroy", profile="3g.40gb", profile_id=9, start=0, size=4))
     failed = _results(collected)[-1]
@@ -246,7 +246,9 @@ async def test_restart_after_crash_between_gpu_and_compute_instance_leaves_nothi
     assert isinstance(_results(collected)[-1], PartitionApplied)
 
 
-def _allocated(uid: str, nvml: object, gpu: int, *, start: int | None, size: int) -> ClaimAllocated:
+def _allocated(
+    uid: str, nvml: object, gpu: int, *, start: int | None, size: int, partitions: tuple[str, ...] = ()
+) -> ClaimAllocated:
     device = AllocatedDevice(
         request="r",
         driver="gpu.tangram.dev",
@@ -256,7 +258,9 @@ def _allocated(uid: str, nvml: object, gpu: int, *, start: int | None, size: int
         gpu_uuid=gpu_uuid(nvml, gpu),  # type: ignore[arg-type]
         placement=None if start is None else MigPlacement(start=start, size=size),
     )
-    return ClaimAllocated(key=uid, namespace="ns", name=uid, uid=uid, node=NODE, devices=[device])
+    return ClaimAllocated(
+        key=uid, namespace="ns", name=uid, uid=uid, node=NODE, devices=[device], partitions=list(partitions)
+    )
 
 
 async def test_disable_mig_turns_mig_off_on_an_empty_gpu_and_is_idempotent() -> None:

@@ -238,6 +238,15 @@ class FleetState:
             node.mark_destroying(device.gpu_index, device.profile_id, device.placement.start)
         self._unindexed.add(node.name)
 
+    def destroy_refused(self, node_name: str, gpu_uuid: str, start: int) -> None:
+        """The node refused to destroy an instance: it is no longer counted as on its way out, so
+        its slices are not handed out again while it is still there."""
+        node = self._nodes.get(node_name)
+        if node is None:
+            return
+        node.keep(gpu_uuid, start)
+        self._unindexed.add(node_name)
+
     def allocation(self, claim_uid: str) -> Allocated | None:
         held = self._held.get(claim_uid)
         return held.decision if held else None

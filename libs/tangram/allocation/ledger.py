@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
@@ -53,6 +54,18 @@ class Ledger:
     command_nodes: dict[str, str] = field(default_factory=dict)
     created: dict[str, str] = field(default_factory=dict)  # create command id -> MIG device UUID
 
+    def snapshot(self) -> dict[str, Any]:
+        """What the ledger holds, in a stable order: a live ledger and one rebuilt from the same
+        log must agree on it (inventory-derived details, which depend on when each inventory was
+        read, are left out)."""
+        fleet = self.fleet.snapshot()
+        return {
+            "decided": dict(sorted(self.decided.items())),
+            "released": sorted(self.released),
+            "held": fleet["claims"],
+            "allocated": {name: node["allocated"] for name, node in fleet["nodes"].items()},
+        }
+
     def observe(self, event: Event) -> None:
         """Fold an event that can produce no output (inventory)."""
         self.apply(event, live=False)
@@ -86,10 +99,14 @@ class Ledger:
                         return []
                     return self._release(uid)
             case PartitionFailed(action="create" | "disable-mig", command_id=command_id):
+                # Only a result of a command this allocator sent to that node counts: a command
+                # sent before a crash and decided differently after it names no one.
                 if self.unanswered(event) is None:
                     uid = self.commands[command_id]
                     if self.decided.get(uid) == "allocated" and uid not in self.released:
                         return self._fail_after_partition(uid, event)
+            case PartitionFailed(action="destroy", node=node, gpu_uuid=gpu_uuid, placement=placement):
+                self.fleet.destroy_refused(node, gpu_uuid, placement.start)
             case PartitionApplied(action="create", command_id=command_id, mig_uuid=mig_uuid):
                 if self.unanswered(event) is None:
                     self.created[command_id] = mig_uuid

@@ -94,6 +94,18 @@ class NodeState:
         self._stale.add(gpu_index)
         self.version += 1
 
+    def keep(self, gpu_uuid: str, start: int) -> None:
+        """A destroy was refused: the instance at `start` stays and occupies its slices again."""
+        gone = {
+            entry
+            for entry in self.destroying
+            if self.gpu_uuid.get(entry[0]) == gpu_uuid and entry[2] == start
+        }
+        if gone:
+            self.destroying -= gone
+            self._stale.update(entry[0] for entry in gone)
+            self.version += 1
+
     def set_destroying(self, destroying: set[tuple[int, int, int]]) -> None:
         self.destroying = set(destroying)
         self._stale.update(self.shape.gpus)

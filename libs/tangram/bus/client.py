@@ -64,15 +64,20 @@ Handler = Callable[[Event], Awaitable[None]]
 # Room left in a message for the headers a publish adds (Nats-Msg-Id) and the protocol line.
 _PUBLISH_HEADROOM = 1024
 
-# Failures worth waiting out: the server is restarting, or a reply was lost on the way.
+# Failures worth waiting out: the server is restarting, a reply was lost on the way, or (in a
+# cluster) the stream has no leader for a moment while its replicas elect one.
 _TRANSIENT: tuple[type[BaseException], ...] = (
     nats.errors.TimeoutError,
     nats.errors.NoRespondersError,
+    nats.js.errors.NoStreamResponseError,
     nats.errors.ConnectionReconnectingError,
     nats.errors.OutboundBufferLimitError,
     nats.js.errors.ServiceUnavailableError,
     asyncio.TimeoutError,
 )
+# JetStream API errors worth waiting out: "no suitable peers for placement" while the servers of
+# a cluster that just started (or restarted) have not all reported to the metadata leader yet.
+_TRANSIENT_API_CODES = frozenset({10005})
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,9 @@ class BusConfig:
     connect_timeout_s: float = 5.0
     reconnect_forever: bool = True
     publish_retry_s: float = 60.0  # how long a publish keeps retrying through a server outage
+    # Copies of each stream and bucket Tangram creates: 1 on a single server, 3 on a 3-server
+    # JetStream cluster (a stream then survives the loss of any one server, acked messages included).
+    stream_replicas: int = 1
 
 
 def redact_url(url: str) -> str:
@@ -123,7 +131,7 @@ def _tls_context(config: BusConfig) -> ssl.SSLContext | None:
     return context
 
 
-def _stream_config(spec: StreamSpec) -> StreamConfig:
+def _stream_config(spec: StreamSpec, replicas: int = 1) -> StreamConfig:
     return StreamConfig(
         name=spec.name,
         description=spec.description,
@@ -135,6 +143,7 @@ def _stream_config(spec: StreamSpec) -> StreamConfig:
         max_age=spec.max_age_s,
         duplicate_window=spec.duplicate_window_s,
         max_msg_size=spec.max_msg_size,
+        num_replicas=replicas,
     )
 
 
@@ -150,6 +159,7 @@ def _stream_shape(config: StreamConfig) -> tuple[object, ...]:
         config.storage,
         config.retention,
         config.discard,
+        config.num_replicas,
     )
 
 
@@ -213,6 +223,12 @@ class Bus:
                 delay = min(delay * 2, 2.0)
 
     @property
+    def _setup_retry_s(self) -> float:
+        """Declaring streams at start waits out an outage as long as a publish would: a service
+        starting while a cluster elects its leaders must not exit."""
+        return max(10.0, self.config.publish_retry_s)
+
+    @property
     def jetstream(self) -> JetStreamContext:
         return self._js
 
@@ -232,6 +248,11 @@ class Bus:
                     raise BusError(f"{what}: {type(exc).__name__}: {exc}") from exc
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
+            except nats.js.errors.APIError as exc:
+                if exc.err_code not in _TRANSIENT_API_CODES or time.monotonic() >= deadline:
+                    raise BusError(f"{what}: {exc}") from exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
             except (nats.js.errors.Error, nats.errors.Error) as exc:
                 raise BusError(f"{what}: {exc}") from exc
 
@@ -245,17 +266,25 @@ class Bus:
 
     async def _ensure_key_value(self, spec: KeyValueSpec) -> None:
         try:
-            await self._api(lambda: self._js.key_value(spec.bucket), f"bucket {spec.bucket}", retry_s=10)
+            await self._api(
+                lambda: self._js.key_value(spec.bucket), f"bucket {spec.bucket}", retry_s=self._setup_retry_s
+            )
         except BusError as exc:
             if not isinstance(
                 exc.__cause__, nats.js.errors.BucketNotFoundError | nats.js.errors.NotFoundError
             ):
                 raise
             config = KeyValueConfig(
-                bucket=spec.bucket, description=spec.description, ttl=spec.ttl_s, history=1
+                bucket=spec.bucket,
+                description=spec.description,
+                ttl=spec.ttl_s,
+                history=1,
+                replicas=self.config.stream_replicas,
             )
             await self._api(
-                lambda: self._js.create_key_value(config), f"create bucket {spec.bucket}", retry_s=10
+                lambda: self._js.create_key_value(config),
+                f"create bucket {spec.bucket}",
+                retry_s=self._setup_retry_s,
             )
 
     async def _ensure_stream(self, spec: StreamSpec) -> None:
@@ -264,18 +293,26 @@ class Bus:
         A stream already as declared is left alone: with NATS permissions, only an admin user may
         manage streams, and every service calls this at start.
         """
-        config = _stream_config(spec)
+        config = _stream_config(spec, self.config.stream_replicas)
         try:
             info = await self._api(
-                lambda: self._js.stream_info(spec.name), f"stream info {spec.name}", retry_s=10
+                lambda: self._js.stream_info(spec.name),
+                f"stream info {spec.name}",
+                retry_s=self._setup_retry_s,
             )
         except BusError as exc:
             if not isinstance(exc.__cause__, nats.js.errors.NotFoundError):
                 raise
-            await self._api(lambda: self._js.add_stream(config), f"create stream {spec.name}", retry_s=10)
+            await self._api(
+                lambda: self._js.add_stream(config), f"create stream {spec.name}", retry_s=self._setup_retry_s
+            )
             return
         if _stream_shape(info.config) != _stream_shape(config):
-            await self._api(lambda: self._js.update_stream(config), f"update stream {spec.name}", retry_s=10)
+            await self._api(
+                lambda: self._js.update_stream(config),
+                f"update stream {spec.name}",
+                retry_s=self._setup_retry_s,
+            )
 
     def consumer_name(self) -> str:
         """A fresh name for a short-lived consumer: `<user>-<random>`.

@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "explain": ("tangram.cli.explain", "why a claim was placed where it was, or why it failed"),
     "status": ("tangram.cli.status", "the fleet now: MIG layouts, NVLink domains, claims, services"),
     "ui": ("tangram.cli.ui", "serve a read-only web view of the fleet, live from the bus"),
+    "chaos": ("tangram.cli.chaos", "inject faults while claims flow through every service; check invariants"),
 }
 
 

@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _nodes(specs: list[str]) -> list[SimNode]:
+def parse_nodes(specs: list[str]) -> list[SimNode]:
     """The simulated nodes, each name and machine checked before any process starts."""
     nodes = []
     for spec in specs:
@@ -75,7 +75,7 @@ def _nodes(specs: list[str]) -> list[SimNode]:
 def run(args: argparse.Namespace) -> int:
     if not 0 <= args.duration <= MAX_DURATION_S:
         raise SystemExit(f"tangram demo: --duration must be from 0 to {MAX_DURATION_S:.0f} seconds")
-    cluster = LocalCluster(_nodes(args.node or DEFAULT_NODES))
+    cluster = LocalCluster(parse_nodes(args.node or DEFAULT_NODES))
 
     live = None if args.events or not sys.stdout.isatty() else _live_view()
 

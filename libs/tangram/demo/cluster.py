@@ -1,4 +1,5 @@
-"""A local Tangram: embedded nats-server plus every service as its own OS process."""
+"""A local Tangram: embedded nats-server (one, or a JetStream cluster) plus every service as its
+own OS process."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from tangram.cdi.simroot import lay_out_driver_root
 from tangram.cli.nats_config import write_secret
 from tangram.hardware.machines import load_machine
 from tangram.natsauth import ADMIN_USER, ALLOCATOR_USER, build_users, node_user, render_users
-from tangram.natsserver import NatsServer
+from tangram.natsserver import NatsCluster, NatsServer
 
 # What the streams Job of the Kubernetes manifests runs, as the NATS admin user: with permissions,
 # the services may check the streams but only the admin may create them.
@@ -22,7 +23,12 @@ _CREATE_STREAMS = """
 import asyncio, os
 from tangram.bus import Bus, BusConfig
 async def main():
-    config = BusConfig(servers=(os.environ["TANGRAM_NATS_URL"],), name="streams", producer="streams")
+    config = BusConfig(
+        servers=tuple(os.environ["TANGRAM_NATS_URL"].split(",")),
+        name="streams",
+        producer="streams",
+        stream_replicas=int(os.environ.get("TANGRAM_NATS_STREAM_REPLICAS", "1")),
+    )
     bus = await Bus.connect(config, wait_s=30)
     try:
         await bus.ensure_streams()
@@ -54,6 +60,9 @@ class LocalCluster:
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="tgm-", dir="/tmp")))
     nats: NatsServer | None = None
     processes: list[ServiceProcess] = field(default_factory=list)
+    # More than one: a JetStream cluster of that many servers, streams replicated on each.
+    nats_servers: int = 1
+    nats_cluster: NatsCluster | None = None
     # With `auth`, NATS runs the authorization `tangram nats-config` generates and every service
     # connects as its own user (the allocator, node-<node>), as in production.
     auth: bool = False
@@ -73,15 +82,34 @@ class LocalCluster:
 
     @property
     def url(self) -> str:
+        return self.urls[0]
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        if self.nats_cluster is not None:
+            return self.nats_cluster.urls
         assert self.nats is not None
-        return self.nats.url
+        return (self.nats.url,)
+
+    @property
+    def stream_replicas(self) -> int:
+        return self.nats_servers
 
     def url_for(self, user: str | None) -> str:
-        """The NATS URL a user connects with (the plain URL without `auth`)."""
-        assert self.nats is not None
-        if user is None or not self.auth:
-            return self.nats.url
-        return f"nats://{user}:{self.passwords[user]}@{self.nats.host}:{self.nats.port}"
+        """The NATS URL a user connects with (the plain URL without `auth`); the first server's."""
+        return self.urls_for(user)[0]
+
+    def urls_for(self, user: str | None) -> tuple[str, ...]:
+        """Every server's URL as a user connects to it."""
+        servers = self.nats_cluster.servers if self.nats_cluster is not None else [self.nats]
+        found = []
+        for server in servers:
+            assert server is not None
+            if user is None or not self.auth:
+                found.append(server.url)
+            else:
+                found.append(f"nats://{user}:{self.passwords[user]}@{server.host}:{server.port}")
+        return tuple(found)
 
     def start(self) -> None:
         config = None
@@ -90,11 +118,20 @@ class LocalCluster:
             self.passwords = {user.name: user.password for user in users}
             config = self.workdir / "nats-auth.conf"
             write_secret(config, render_users(users))
-        self.nats = NatsServer(self.workdir / "nats", config_file=config).start()
+        if self.nats_servers > 1:
+            self.nats_cluster = NatsCluster(
+                self.workdir / "nats", size=self.nats_servers, config_file=config
+            ).start()
+        else:
+            self.nats = NatsServer(self.workdir / "nats", config_file=config).start()
         if self.auth:
             subprocess.run(
                 [sys.executable, "-c", _CREATE_STREAMS],
-                env=dict(os.environ, TANGRAM_NATS_URL=self.url_for(ADMIN_USER)),
+                env=dict(
+                    os.environ,
+                    TANGRAM_NATS_URL=",".join(self.urls_for(ADMIN_USER)),
+                    TANGRAM_NATS_STREAM_REPLICAS=str(self.stream_replicas),
+                ),
                 check=True,
                 timeout=60,
                 capture_output=True,
@@ -134,7 +171,13 @@ class LocalCluster:
     ) -> ServiceProcess:
         log_path = self.workdir / "logs" / f"{name.replace('@', '-')}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        full_env = dict(os.environ, TANGRAM_NATS_URL=self.url_for(user), TANGRAM_LOG_LEVEL="info", **env)
+        full_env = dict(
+            os.environ,
+            TANGRAM_NATS_URL=",".join(self.urls_for(user)),
+            TANGRAM_NATS_STREAM_REPLICAS=str(self.stream_replicas),
+            TANGRAM_LOG_LEVEL="info",
+            **env,
+        )
         with log_path.open("ab") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", *module_args],
@@ -185,4 +228,6 @@ class LocalCluster:
                 codes[service.name] = service.process.wait()
         if self.nats is not None:
             self.nats.stop()
+        if self.nats_cluster is not None:
+            self.nats_cluster.stop()
         return codes

@@ -199,16 +199,43 @@ def _clique(nvml: NvmlBackend, device: Device) -> str | None:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}.{info.cliqueId}"
 
 
+# Reading a node takes many NVML calls; the partitioner may change the GPUs in between (MIG mode
+# turned off, an instance destroyed), and a call then fails for a handle read a moment before.
+_CHANGED_WHILE_READ = (
+    pynvml.NVML_ERROR_NOT_SUPPORTED,
+    pynvml.NVML_ERROR_NOT_FOUND,
+    pynvml.NVML_ERROR_INVALID_ARGUMENT,
+)
+
+
 def read_node_hardware(
     nvml: NvmlBackend,
     node: str,
     *,
     health: Mapping[int, tuple[str, str]] | None = None,
     minors: Mapping[str, int] | None = None,
+    attempts: int = 5,
 ) -> NodeHardware:
     """The node's inventory. `health` overrides per GPU index (from an XID watcher), e.g.
     {3: ("unhealthy", "XID 79")}; `minors` is the mig-minors table, so that existing MIG instances
-    carry the capability minors their device nodes need. NVML must be initialised by the caller."""
+    carry the capability minors their device nodes need. NVML must be initialised by the caller.
+    A read that the GPUs changed under is read again (up to `attempts` times)."""
+    for attempt in range(attempts):
+        try:
+            return _read_node_hardware(nvml, node, health=health, minors=minors)
+        except pynvml.NVMLError as exc:
+            if exc.value not in _CHANGED_WHILE_READ or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _read_node_hardware(
+    nvml: NvmlBackend,
+    node: str,
+    *,
+    health: Mapping[int, tuple[str, str]] | None,
+    minors: Mapping[str, int] | None,
+) -> NodeHardware:
     count = nvml.nvmlDeviceGetCount()
     devices = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
     gpus: list[GpuInfo] = []

@@ -32,6 +32,7 @@ class PartitionLedger:
         self._claims: dict[str, ClaimAllocated] = {}  # live allocations on this node
         self._owners: dict[InstanceKey, str] = {}  # instance -> live claim uid
         self._whole_gpus: dict[str, set[str]] = {}  # GPU uuid -> live claims holding it whole
+        self._ended: set[str] = set()  # claims released or failed
 
     # ---- folding ----------------------------------------------------------------------------------------
 
@@ -64,6 +65,7 @@ class PartitionLedger:
                         self._owners[key] = event.uid
                         self._warm.pop(key, None)
             case ClaimReleased(uid=uid) | ClaimFailed(uid=uid):
+                self._ended.add(uid)
                 self._drop_claim(uid)
             case _:
                 return
@@ -93,6 +95,17 @@ class PartitionLedger:
 
     def created_keys(self) -> set[InstanceKey]:
         return set(self._created)
+
+    def allocation(self, claim_uid: str) -> ClaimAllocated | None:
+        """The live claim's allocation on this node, as read from the log so far."""
+        return self._claims.get(claim_uid)
+
+    def created_for(self, claim_uid: str) -> list[PartitionApplied]:
+        """Instances Tangram created for the claim and has not destroyed since."""
+        return [event for event in self._created.values() if event.claim_uid == claim_uid]
+
+    def has_ended(self, claim_uid: str) -> bool:
+        return claim_uid in self._ended
 
     def is_live(self, claim_uid: str) -> bool:
         return claim_uid in self._claims

@@ -58,6 +58,11 @@ class ObservedInstance:
     def empty(self) -> bool:
         return not self.compute_instance_ids
 
+    def overlaps(self, placement: MigPlacement) -> bool:
+        """Shares a memory slice with `placement`."""
+        mine = self.placement
+        return mine.start < placement.start + placement.size and placement.start < mine.start + mine.size
+
 
 @dataclass(frozen=True, slots=True)
 class DestroyedInstance:

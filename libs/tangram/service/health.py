@@ -16,7 +16,8 @@ STARTING = "service is starting"
 
 
 class HealthServer:
-    """/healthz (process alive), /readyz (started and every readiness check passes), /metrics.
+    """/healthz (process alive), /readyz (started and every readiness check passes), /metrics,
+    and /state: what the service holds, as JSON, once it sets `state` (the allocator: its ledger).
 
     `checks` is read at each request, so checks a service adds after start count at once.
     """
@@ -30,12 +31,14 @@ class HealthServer:
         self._checks = checks
         self._runner: web.AppRunner | None = None
         self.port = port
+        self.state: Callable[[], object] | None = None
 
     async def start(self) -> None:
         app = web.Application()
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/state", self._state)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port)
@@ -73,3 +76,8 @@ class HealthServer:
         response = web.Response(body=generate_latest())
         response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
         return response
+
+    async def _state(self, _: web.Request) -> web.Response:
+        if self.state is None:
+            return web.json_response({"error": "this service publishes no state"}, status=404)
+        return web.json_response(self.state())

@@ -30,6 +30,7 @@ class ServiceContext:
     # Conditions /readyz also requires; a service appends what it depends on (kubelet, the API server).
     readiness: list[ReadinessCheck] = field(default_factory=list)
     health_port: int = 0  # where /healthz, /readyz and /metrics answer
+    health: HealthServer | None = None
 
 
 ServiceMain = Callable[[ServiceContext], Awaitable[None]]
@@ -44,6 +45,7 @@ def bus_config(settings: ServiceSettings, *, name: str, producer: str) -> BusCon
         tls_ca_file=str(settings.nats_tls_ca) if settings.nats_tls_ca else None,
         tls_cert_file=str(settings.nats_tls_cert) if settings.nats_tls_cert else None,
         tls_key_file=str(settings.nats_tls_key) if settings.nats_tls_key else None,
+        stream_replicas=settings.nats_stream_replicas,
     )
 
 
@@ -66,7 +68,13 @@ async def serve(name: str, producer: str, settings: ServiceSettings, main: Servi
         await bus.ensure_streams()
         await main(
             ServiceContext(
-                name=name, bus=bus, stop=stop, ready=ready, readiness=readiness, health_port=health.port
+                name=name,
+                bus=bus,
+                stop=stop,
+                ready=ready,
+                readiness=readiness,
+                health_port=health.port,
+                health=health,
             )
         )
         log.info("service stopped")

@@ -20,6 +20,8 @@ class ServiceSettings(BaseModel):
     nats_tls_ca: Path | None = None
     nats_tls_cert: Path | None = None
     nats_tls_key: Path | None = None
+    # Replicas of the streams a service creates when they are missing: 3 on a 3-server cluster.
+    nats_stream_replicas: int = Field(default=1, ge=1, le=5)
     health_host: str = "127.0.0.1"
     health_port: int = Field(default=0, ge=0, le=65535)  # 0: pick a free port (logged)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -68,6 +70,11 @@ def add_service_arguments(parser: argparse.ArgumentParser, *, node: bool = False
     parser.add_argument("--nats-tls-ca", default=_env("NATS_TLS_CA"))
     parser.add_argument("--nats-tls-cert", default=_env("NATS_TLS_CERT"))
     parser.add_argument("--nats-tls-key", default=_env("NATS_TLS_KEY"))
+    parser.add_argument(
+        "--nats-stream-replicas",
+        default=_env("NATS_STREAM_REPLICAS", "1"),
+        help="replicas of each JetStream stream: 1 on one server, 3 on a 3-server cluster",
+    )
     parser.add_argument("--health-host", default=_env("HEALTH_HOST", "127.0.0.1"))
     parser.add_argument(
         "--health-port", type=int, default=int(_env("HEALTH_PORT", "0") or 0), help="health and metrics port"
@@ -89,6 +96,7 @@ def service_fields(args: argparse.Namespace) -> dict[str, object]:
         "nats_tls_ca": args.nats_tls_ca,
         "nats_tls_cert": args.nats_tls_cert,
         "nats_tls_key": args.nats_tls_key,
+        "nats_stream_replicas": args.nats_stream_replicas,
         "health_host": args.health_host,
         "health_port": args.health_port,
         "log_level": args.log_level,

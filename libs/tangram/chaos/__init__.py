@@ -1,0 +1,6 @@
+"""`tangram chaos`: faults injected while claims flow through every service; invariants checked after."""
+
+from tangram.chaos.faults import FAULT_KINDS, FaultKind, fault_order
+from tangram.chaos.run import ChaosConfig, ChaosRun, chaos
+
+__all__ = ["FAULT_KINDS", "ChaosConfig", "ChaosRun", "FaultKind", "chaos", "fault_order"]
