@@ -240,11 +240,17 @@ class FleetState:
 
     def destroy_refused(self, node_name: str, gpu_uuid: str, start: int) -> None:
         """The node refused to destroy an instance: it is no longer counted as on its way out, so
-        its slices are not handed out again while it is still there."""
+        its slices are not handed out again while it is still there. Something outside Tangram
+        holds it (processes still run on it), so it is no longer Tangram's to reconfigure either."""
         node = self._nodes.get(node_name)
         if node is None:
             return
         node.keep(gpu_uuid, start)
+        self._made = {
+            made
+            for made in self._made
+            if not (made[0] == node_name and node.gpu_uuid.get(made[1]) == gpu_uuid and made[3] == start)
+        }
         self._unindexed.add(node_name)
 
     def allocation(self, claim_uid: str) -> Allocated | None:
