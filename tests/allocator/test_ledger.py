@@ -9,6 +9,7 @@ import pytest
 
 from tangram.allocation import DeviceClass, FleetState
 from tangram.allocation.ledger import Ledger
+from tangram.allocation.model import Allocated, Claim
 from tangram.cdi import InvalidName, validate_claim_uid
 from tangram.events import (
     ClaimAllocated,
@@ -26,7 +27,7 @@ from tangram.nvml import SimNvml, parse_mig_minors, render_mig_minors
 from tangram.nvml.inventory import read_node_hardware
 from tangram.partitioning import MigExecutor
 
-from .helpers import gpus, inventory, mig, request
+from .helpers import gpus, hardware, inventory, mig, request
 
 CLASSES = {c.name: c for c in (DeviceClass.from_manifest(m) for m in load_shipped_device_classes())}
 
@@ -360,3 +361,30 @@ def test_a_claim_uid_the_node_would_refuse_fails_and_holds_no_device(uid: str) -
         validate_claim_uid(uid)
     [allocated] = book.apply(request(2, gpus(8)))
     assert isinstance(allocated, ClaimAllocated) and len(allocated.devices) == 8
+
+
+def test_a_node_read_again_just_before_a_claim_of_a_new_kind_changes_nothing() -> None:
+    """Decisions must not depend on whether an unchanged inventory arrived since the last one: a
+    live allocator reads inventories as they come, a rebuild or a replay at other moments. The
+    demand-weighted loss of each placement (the supply of every kind included) must be the same."""
+
+    def decide(read_again: bool) -> tuple[str, list[str], Any]:
+        fleet = FleetState()
+        fleet.apply_inventory(hardware("hgx-h200", "hgx-1"))
+        fleet.apply_inventory(hardware("l40s-8", "l40s-1"))
+        fleet.allocate(Claim(namespace="team", name="one", uid=uid(1), spec=gpus(1)), CLASSES)
+        if read_again:
+            fleet.apply_inventory(hardware("hgx-h200", "hgx-1"))
+            fleet.apply_inventory(hardware("l40s-8", "l40s-1"))
+        claim = Claim(namespace="team", name="two", uid=uid(2), spec=mig("2g.35gb"))
+        decision = fleet.allocate(claim, CLASSES, explain=True)
+        assert isinstance(decision, Allocated)
+        return decision.node, [d.device for d in decision.devices], decision.why
+
+    settled, read_again = decide(False), decide(True)
+    assert settled[0] == "hgx-1"
+    assert read_again == settled
+
+
+def uid(n: int) -> str:
+    return f"00000000-0000-4000-8000-{n:012d}"

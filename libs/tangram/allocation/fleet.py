@@ -87,8 +87,6 @@ class FleetState:
         if shape is None:
             shape = self._shapes[signature] = NodeShape(signature, hw, devices)
         old = self._nodes.get(hw.node)
-        if old is not None:
-            self._index.forget_sample(old)
         node = NodeState(hw, devices, shape, generation=old.generation + 1 if old else 1)
         if old is not None and old.destroying:
             present = {(g.index, m.profile_id, m.placement.start) for g in hw.gpus for m in g.mig_instances}
@@ -97,6 +95,9 @@ class FleetState:
             held = self._held[uid]
             node.take([shape.index_by_name[n] for n in held.devices if n in shape.index_by_name], uid)
         self._nodes[hw.node] = node
+        self._resample(signature)
+        if old is not None and old.shape.signature != signature:
+            self._resample(old.shape.signature)
         # Indexed before the next decision reads the index: a rebuild folding a thousand
         # inventories then settles each node once, not once per inventory.
         self._unindexed.add(hw.node)
@@ -108,11 +109,33 @@ class FleetState:
             return []
         self._unindexed.discard(name)
         self._index.remove(name)
-        self._index.forget_sample(node)
+        self._resample(node.shape.signature)
         place = self._bucket_of.pop(name, None)
         if place is not None:
             _remove(self._buckets[place[0]][place[1]], name)
         return sorted(self._held_on.get(name, ()))
+
+    def _resample(self, signature: str) -> None:
+        """Keep the index's sample node of a shape current the moment a node of it changes.
+
+        Eligibility and the fits of every kind are read off the sample; a sample missing until
+        the node is next indexed would make them depend on when inventories arrive relative to
+        decisions, and a rebuilt allocator (or a replay) would weigh placements differently.
+        """
+        current = self._index.sample_of(signature)
+        if current is not None and self._nodes.get(current.name) is current:
+            return
+        replacement = self._nodes.get(current.name) if current is not None else None
+        if replacement is None or replacement.shape.signature != signature:
+            replacement = next(
+                (
+                    self._nodes[name]
+                    for name in sorted(self._nodes)
+                    if self._nodes[name].shape.signature == signature
+                ),
+                None,
+            )
+        self._index.set_sample(signature, replacement)
 
     def _reindex_changed(self) -> None:
         """Place every node changed since the last decision in its bucket, in name order."""

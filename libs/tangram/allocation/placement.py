@@ -90,7 +90,6 @@ class DemandIndex:
         old = self._group_of.get(node.name)
         if old == key:
             return
-        self._sample.setdefault(node.shape.signature, node)
         if old is not None:
             self._leave(node.name, old)
         insort(self.groups.setdefault(key, []), node.name)
@@ -102,9 +101,15 @@ class DemandIndex:
         if old is not None:
             self._leave(name, old)
 
-    def forget_sample(self, node: NodeState) -> None:
-        if self._sample.get(node.shape.signature) is node:
-            del self._sample[node.shape.signature]
+    def sample_of(self, signature: str) -> NodeState | None:
+        return self._sample.get(signature)
+
+    def set_sample(self, signature: str, node: NodeState | None) -> None:
+        """The node eligibility is read off for its shape; None when no node has the shape."""
+        if node is None:
+            self._sample.pop(signature, None)
+        else:
+            self._sample[signature] = node
 
     def _leave(self, name: str, key: tuple[Any, ...]) -> None:
         members = self.groups[key]
