@@ -63,7 +63,9 @@ def load_device_classes(extra: Path | None) -> dict[str, DeviceClass]:
 
 async def rebuild(ctx: ServiceContext, ledger: Ledger) -> int:
     started = time.perf_counter()
-    count = await ctx.bus.replay_into(allocator_log_sources(), lambda event: ledger.apply(event, live=False))
+    count = await ctx.bus.replay_into(
+        allocator_log_sources(), lambda event: ledger.apply(event, live=False), on_position=ledger.folded
+    )
     elapsed = time.perf_counter() - started
     REBUILD_EVENTS.set(count)
     REBUILD_SECONDS.set(elapsed)
@@ -145,6 +147,7 @@ async def _serve(ctx: ServiceContext, settings: AllocatorSettings, tasks: list[a
                 ledger.observe,
                 stop=ctx.stop,
                 caught_up=inventory_caught_up,
+                on_position=ledger.folded,
             )
         )
     )
@@ -154,7 +157,13 @@ async def _serve(ctx: ServiceContext, settings: AllocatorSettings, tasks: list[a
     )
     tasks.append(
         asyncio.create_task(
-            ctx.bus.consume(allocator_results_consumer(), handle, stop=ctx.stop, ready=results_ready)
+            ctx.bus.consume(
+                allocator_results_consumer(),
+                handle,
+                stop=ctx.stop,
+                ready=results_ready,
+                on_position=ledger.folded,
+            )
         )
     )
     await first(claims_ready.wait(), tasks)

@@ -19,6 +19,7 @@ from tangram.allocation.fleet import FleetState
 from tangram.allocation.model import Allocated, Claim, PartitionPlan, Policy
 from tangram.allocation.spec import DeviceClass
 from tangram.events import (
+    CLAIMS_STREAM,
     ClaimAllocated,
     ClaimFailed,
     ClaimReleased,
@@ -53,6 +54,16 @@ class Ledger:
     # create command id -> the node (subject token) it was sent to: a result counts only from there
     command_nodes: dict[str, str] = field(default_factory=dict)
     created: dict[str, str] = field(default_factory=dict)  # create command id -> MIG device UUID
+    # stream -> last sequence folded, for the inputs read apart from the claims (stamped on decisions)
+    positions: dict[str, int] = field(default_factory=dict)
+
+    def folded(self, stream: str, sequence: int) -> None:
+        """The event about to be folded is at `sequence` of `stream` (decisions record it, for replay).
+
+        The claims stream is read in order by one consumer: a decision's place in it is its request's.
+        """
+        if stream != CLAIMS_STREAM:
+            self.positions[stream] = sequence
 
     def snapshot(self) -> dict[str, Any]:
         """What the ledger holds, in a stable order: a live ledger and one rebuilt from the same
@@ -146,6 +157,7 @@ class Ledger:
                     name=request.name,
                     uid=request.uid,
                     reason=decision.reason,
+                    positions=dict(self.positions),
                 )
             ]
         self.decided[request.uid] = "allocated"
@@ -176,6 +188,7 @@ class Ledger:
             devices=devices,
             partitions=[c.command_id for c in commands],
             config=decision.config,
+            positions=dict(self.positions),
         )
         # The partition commands go first: the cdi service waits on them once it sees the allocation.
         return [*commands, allocated]
@@ -200,6 +213,7 @@ class Ledger:
             placement=plan.placement,
             claim_uid=uid,
             mig_uuid=plan.mig_uuid,
+            positions=dict(self.positions),
         )
 
     def _adopt(self, event: ClaimAllocated) -> None:

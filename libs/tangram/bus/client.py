@@ -60,6 +60,9 @@ log = logging.getLogger("tangram.bus")
 
 T = TypeVar("T")
 Handler = Callable[[Event], Awaitable[None]]
+# Told (stream, sequence) of an event just before its handler runs, with no await in between: a
+# fold can record how far into each stream it had read when it decided something.
+PositionHook = Callable[[str, int], None]
 
 # Room left in a message for the headers a publish adds (Nats-Msg-Id) and the protocol line.
 _PUBLISH_HEADROOM = 1024
@@ -505,7 +508,11 @@ class Bus:
         return sorted(found, key=lambda msg: msg.seq or 0)
 
     async def replay_into(
-        self, sources: Sequence[tuple[str, Sequence[str]]], each: Callable[[Event], object]
+        self,
+        sources: Sequence[tuple[str, Sequence[str]]],
+        each: Callable[[Event], object],
+        *,
+        on_position: PositionHook | None = None,
     ) -> int:
         """Replay each (stream, subjects) in turn into `each`; returns how many events it saw.
 
@@ -515,6 +522,8 @@ class Bus:
         count = 0
         for stream, subjects in sources:
             async for sequence, event in self.replay(stream, subjects=subjects):
+                if on_position is not None:
+                    on_position(stream, sequence)
                 try:
                     each(event)
                 except Exception as exc:
@@ -530,6 +539,7 @@ class Bus:
         *,
         stop: asyncio.Event,
         caught_up: asyncio.Event | None = None,
+        on_position: PositionHook | None = None,
     ) -> None:
         """Deliver a subject's history, then live events, in stream order, until `stop` is set.
 
@@ -541,7 +551,7 @@ class Bus:
         under `<user>-follow` and skipped.
         """
         filters = [subjects] if isinstance(subjects, str) else list(subjects)
-        await Follower(self, stream, filters, handler, caught_up=caught_up).run(stop)
+        await Follower(self, stream, filters, handler, caught_up=caught_up, on_position=on_position).run(stop)
 
     async def consume(
         self,
@@ -553,6 +563,7 @@ class Bus:
         ready: asyncio.Event | None = None,
         order_by: Callable[[Event], str] | None = None,
         concurrency: int = 1,
+        on_position: PositionHook | None = None,
     ) -> None:
         """Run a durable pull consumer until `stop` is set.
 
@@ -590,7 +601,7 @@ class Bus:
                     event = await self._decoded(spec, msg)
                     if event is None:
                         continue
-                    work = self._handle(spec, msg, event, handler, watch)
+                    work = self._handle(spec, msg, event, handler, watch, on_position=on_position)
                     if order_by is None:
                         await work
                     else:
@@ -622,11 +633,20 @@ class Bus:
         return None
 
     async def _handle(
-        self, spec: ConsumerSpec, msg: Msg, event: Event, handler: Handler, watch: _SlowWatch
+        self,
+        spec: ConsumerSpec,
+        msg: Msg,
+        event: Event,
+        handler: Handler,
+        watch: _SlowWatch,
+        *,
+        on_position: PositionHook | None,
     ) -> None:
         started = time.perf_counter()
         watch.begin(msg, started)
         try:
+            if on_position is not None:
+                on_position(spec.stream, _delivery_position(msg)[0])
             await handler(event)
         except Poison as exc:
             await self._dead_letter(spec, msg, f"poison: {exc}")

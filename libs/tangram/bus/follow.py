@@ -27,7 +27,7 @@ from tangram.bus.errors import BusError
 from tangram.events import Event
 
 if TYPE_CHECKING:
-    from tangram.bus.client import Bus
+    from tangram.bus.client import Bus, PositionHook
 
 log = logging.getLogger("tangram.bus")
 
@@ -58,8 +58,10 @@ class Follower:
         handler: Callable[[Event], None],
         *,
         caught_up: asyncio.Event | None,
+        on_position: PositionHook | None = None,
     ) -> None:
         self._bus = bus
+        self._on_position = on_position
         self._stream = stream
         self._filters = list(filters)
         self._handler = handler
@@ -139,7 +141,7 @@ class Follower:
                     continue
                 self._next_consumer_seq += 1
                 self._last_stream_seq = delivery.stream_seq
-                await self._handle(msg)
+                await self._handle(msg, delivery.stream_seq)
                 if self._caught_up is not None and delivery.pending == 0:
                     self._caught_up.set()
         finally:
@@ -163,10 +165,12 @@ class Follower:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 1.0)
 
-    async def _handle(self, msg: Msg) -> None:
+    async def _handle(self, msg: Msg, stream_seq: int) -> None:
         try:
             event = await self._bus._decoded(self._rejects, msg)
             if event is not None:
+                if self._on_position is not None:
+                    self._on_position(self._stream, stream_seq)
                 self._handler(event)
         except Exception:
             # State folding must survive one bad event; the log keeps the event for replay.

@@ -19,12 +19,17 @@ from tangram.allocation import DeviceClass, FleetState, Policy
 from tangram.allocation.ledger import Ledger
 from tangram.eventlog.records import LOG_STREAMS, EventLog, LogRecord
 from tangram.events import (
+    CLAIMS_STREAM,
+    INVENTORY_STREAM,
     ClaimAllocated,
     ClaimFailed,
+    ClaimReleased,
     ClaimRequested,
     Event,
     EventDecodeError,
     NodeInventory,
+    PartitionFailed,
+    PartitionRequested,
     admission,
     decode,
 )
@@ -174,16 +179,111 @@ def replay(
 
 def _fold(events: OrderedLog, ledger: Ledger) -> Iterator[Stored]:
     """Folds every event the allocator folds; yields the claim requests for the caller to decide."""
+    if any(
+        isinstance(d.event, ClaimAllocated | ClaimFailed) and d.event.positions
+        for d in events.decisions.values()
+    ):
+        yield from _fold_by_positions(events, ledger)
+        return
     for stored in events.events:
         event = stored.event
         if isinstance(event, ClaimRequested):
             yield stored
-        elif isinstance(event, ClaimAllocated | ClaimFailed) and events.decision_of(event.uid) is stored:
-            continue  # the recorded decision: compared (and adopted on divergence) at its request
-        else:
+        elif not _is_recorded_decision(events, stored):
             # Partition commands, prepare results and health are not the allocator's input; the
             # Ledger ignores them as the allocator's consumers never see them.
             ledger.apply(event, live=False)
+
+
+def _fold_by_positions(events: OrderedLog, ledger: Ledger) -> Iterator[Stored]:
+    """The claims stream in order; each other stream up to the position the allocator had read it
+    to when it produced something: a decision, or the destroy commands of a release.
+
+    The allocator reads inventories and partition results as they arrive, beside the claims, so
+    their interleaving with claims is timing, and an inventory folded before or after a release
+    leaves different instances marked as on their way out. What the allocator produced records
+    how far it had read each stream; between two such records, what it folded commutes. When the
+    log lacks part of the inventory stream's history (a plain export keeps only the last inventory
+    per node), a node whose inventories all lie past every recorded position stands as its first
+    one from the start.
+    """
+    lanes: dict[str, list[Stored]] = {}
+    claims: list[Stored] = []
+    # claim uid -> positions when its release was folded (recorded on its destroy commands)
+    released_at: dict[str, dict[str, int]] = {}
+    for stored in events.events:
+        event = stored.event
+        if stored.record.stream == CLAIMS_STREAM:
+            claims.append(stored)
+            continue
+        lanes.setdefault(stored.record.stream, []).append(stored)
+        if isinstance(event, PartitionRequested) and event.action == "destroy" and event.positions:
+            at = released_at.setdefault(event.claim_uid, {})
+            for stream, position in event.positions.items():
+                at[stream] = max(at.get(stream, 0), position)
+    for lane in lanes.values():
+        lane.sort(key=lambda stored: stored.record.seq)
+    claims.sort(key=lambda stored: stored.record.seq)
+    recorded = [_positions(d) for d in events.decisions.values()] + list(released_at.values())
+    reached = {stream: max((p.get(stream, 0) for p in recorded), default=0) for stream in lanes}
+    cursors = dict.fromkeys(lanes, 0)
+    folded: set[tuple[str, int]] = set()
+
+    def fold(stored: Stored) -> None:
+        key = (stored.record.stream, stored.record.seq)
+        if key in folded:
+            return
+        folded.add(key)
+        event = stored.event
+        if isinstance(event, PartitionFailed) and event.action != "destroy":
+            # A failed create releases its claim, as a release does: same inventory before it.
+            uid = ledger.commands.get(event.command_id)
+            if uid is not None:
+                advance(released_at.get(uid, {}), only=INVENTORY_STREAM)
+        ledger.apply(event, live=False)
+
+    def advance(positions: dict[str, int], *, only: str | None = None) -> None:
+        for stream, position in positions.items():
+            if stream not in lanes or (only is not None and stream != only):
+                continue
+            lane = lanes[stream]
+            while cursors[stream] < len(lane) and lane[cursors[stream]].record.seq <= position:
+                cursors[stream] += 1
+                fold(lane[cursors[stream] - 1])
+
+    inventories = lanes.get(INVENTORY_STREAM, [])
+    if [stored.record.seq for stored in inventories] != list(range(1, len(inventories) + 1)):
+        # Not the whole history of the inventory stream (a last-value stream keeps one per node)
+        seen_nodes: set[str] = set()
+        for stored in inventories:
+            assert isinstance(stored.event, NodeInventory)
+            node = stored.event.hardware.node
+            if node not in seen_nodes:
+                seen_nodes.add(node)
+                if stored.record.seq > reached[INVENTORY_STREAM]:
+                    fold(stored)
+    for stored in claims:
+        event = stored.event
+        if isinstance(event, ClaimRequested):
+            decision = events.decision_of(event.uid)
+            advance(_positions(decision) if decision else {})
+            yield stored
+        elif not _is_recorded_decision(events, stored):
+            if isinstance(event, ClaimReleased):
+                advance(released_at.get(event.uid, {}))
+            ledger.apply(event, live=False)
+    advance({stream: lane[-1].record.seq for stream, lane in lanes.items()})
+
+
+def _positions(decision: Stored) -> dict[str, int]:
+    """How far into each other stream the allocator had read when it made this decision."""
+    return decision.event.positions if isinstance(decision.event, ClaimAllocated | ClaimFailed) else {}
+
+
+def _is_recorded_decision(events: OrderedLog, stored: Stored) -> bool:
+    """The recorded decision of a claim: compared (and adopted on divergence) at its request."""
+    event = stored.event
+    return isinstance(event, ClaimAllocated | ClaimFailed) and events.decision_of(event.uid) is stored
 
 
 def _compare(request: Stored, recorded: Stored | None, recomputed: Event) -> Divergence | None:

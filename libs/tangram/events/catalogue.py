@@ -62,6 +62,10 @@ class ClaimAllocated(Event, tag="claim.allocated", frozen=True, kw_only=True):
     devices: list[AllocatedDevice]
     partitions: list[str] = []  # command ids of the partition commands this allocation waits for
     config: list[dict[str, Any]] = []  # opaque configs that apply, as in status.allocation.devices.config
+    # The last sequence of each stream besides the claims stream (inventories, partition results)
+    # the allocator had folded when it decided: a replay folds exactly those, whatever the timing
+    # of their arrival was. Empty on decisions not made live by the allocator.
+    positions: dict[str, int] = {}
 
 
 class ClaimFailed(Event, tag="claim.failed", frozen=True, kw_only=True):
@@ -72,6 +76,7 @@ class ClaimFailed(Event, tag="claim.failed", frozen=True, kw_only=True):
     name: str
     uid: str
     reason: str
+    positions: dict[str, int] = {}  # as on ClaimAllocated
 
 
 class ClaimReleased(Event, tag="claim.released", frozen=True, kw_only=True):
@@ -106,6 +111,7 @@ class PartitionRequested(Event, tag="partition.requested", frozen=True, kw_only=
     profile_id: int
     placement: MigPlacement
     claim_uid: str = ""  # the claim the instance is for (create) or was for (destroy)
+    positions: dict[str, int] = {}  # as on ClaimAllocated, when the allocator sent the command
     mig_uuid: str = ""  # destroy: the instance to destroy, when known
 
 
