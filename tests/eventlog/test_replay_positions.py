@@ -40,7 +40,7 @@ def late_inventory_log() -> tuple[EventLog, ClaimAllocated]:
 
 
 def test_a_decision_is_replayed_with_the_inventories_the_allocator_had_read() -> None:
-    log, decision = late_inventory_log()
+    log, _ = late_inventory_log()
     report = replay(log, device_classes())
     assert report.claims_decided == 1
     assert report.divergences == []
