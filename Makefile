@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck layers unit venv proto clean schema chromium
+.PHONY: demo test lint typecheck layers unit venv proto clean schema chromium controlplane test-kubernetes
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,7 +27,7 @@ typecheck: $(STAMP)
 layers: $(STAMP)
 	$(BIN)/lint-imports
 
-unit: $(STAMP) chromium
+unit: $(STAMP) chromium controlplane
 	$(BIN)/pytest -q
 
 # The web view's screenshot test drives headless Chromium (Debian's package). Installed once, as
@@ -36,6 +36,16 @@ chromium:
 	@command -v chromium >/dev/null 2>&1 || { \
 		apt-get update -qq >/dev/null && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+# The Kubernetes control plane the tests run (etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler in one Go program, tests/controlplane/). Built once per Kubernetes version and
+# source into ~/.cache/tangram/controlplane/ (or $$XDG_CACHE_HOME); needs Go and the module proxy.
+controlplane: $(STAMP)
+	@$(BIN)/python -m tangram.kube.controlplane build
+
+# Only the tests that run against the real control plane (`make test` runs them too).
+test-kubernetes: controlplane
+	$(BIN)/pytest -q -m controlplane
 
 test: lint typecheck layers unit
 

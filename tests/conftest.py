@@ -13,6 +13,9 @@ import pytest
 from tangram.bus import Bus, BusConfig
 from tangram.natsserver import NatsCluster, NatsServer
 
+# the real Kubernetes control plane: `controlplane`, `kube`, `unique` and friends
+pytest_plugins = ["tests.realcluster"]
+
 
 @pytest.fixture
 def nats_server() -> Iterator[NatsServer]:

@@ -21,7 +21,8 @@ class DiscoverySettings(NodeSettings):
     mig_minors_file: Path | None = None  # default: the driver's /proc/driver/nvidia-caps/mig-minors
     kubernetes: bool = False  # also publish the inventory as ResourceSlices
     kubeconfig: Path | None = None  # default: in-cluster service account, then $KUBECONFIG
-    k8s_version: K8sVersion = "1.36"  # the API server's version decides the slice layout and limits
+    # the slice layout; None: asked of the API server (served versions, dry-run probe)
+    k8s_version: K8sVersion | None = None
     driver: str = Field(default=DRIVER_NAME, min_length=1, max_length=63)
     # Slices unsynced this long make the service not ready: the cluster's view of the node is stale.
     slice_stale_s: float = Field(default=120.0, gt=0)
@@ -52,8 +53,8 @@ def parse_settings(argv: list[str] | None = None) -> DiscoverySettings:
     parser.add_argument(
         "--k8s-version",
         choices=K8S_VERSIONS,
-        default=env("TANGRAM_K8S_VERSION", "1.36"),
-        help="API server version",
+        default=env("TANGRAM_K8S_VERSION") or None,
+        help="ResourceSlice layout override (default: detected from the API server)",
     )
     parser.add_argument("--driver", default=env("TANGRAM_DRIVER_NAME", DRIVER_NAME), help="DRA driver name")
     parser.add_argument(

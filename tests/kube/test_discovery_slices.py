@@ -96,6 +96,7 @@ async def test_discovery_survives_an_api_outage_and_catches_up(
         state_file=tmp_path / "gpus.json",
         refresh_s=0.1,
         kubernetes=True,
+        k8s_version="1.36",
         kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", apiserver.url),
     )
     apiserver.fail_next(1, status=503)
@@ -120,7 +121,7 @@ def test_kubernetes_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> No
     )
     assert settings.driver == "gpu.tangram.dev"
     defaults = parse_settings(base)
-    assert (defaults.kubernetes, defaults.kubeconfig, defaults.k8s_version) == (False, None, "1.36")
+    assert (defaults.kubernetes, defaults.kubeconfig, defaults.k8s_version) == (False, None, None)
     monkeypatch.setenv("TANGRAM_KUBERNETES", "1")
     assert parse_settings(base).kubernetes is True
     with pytest.raises(SystemExit):

@@ -1,6 +1,13 @@
 """The DRA device model shared by ResourceSlice rendering and the allocator (pure, no I/O)."""
 
-from tangram.dra.devices import node_devices, partitionable, to_semver, whole_gpu_advertised
+from tangram.dra.devices import (
+    node_devices,
+    partitionable,
+    to_semver,
+    untainted_only,
+    whole_devices_only,
+    whole_gpu_advertised,
+)
 from tangram.dra.model import (
     AttributeValue,
     CounterConsumption,
@@ -24,5 +31,7 @@ __all__ = [
     "node_devices",
     "partitionable",
     "to_semver",
+    "untainted_only",
+    "whole_devices_only",
     "whole_gpu_advertised",
 ]

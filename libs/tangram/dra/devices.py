@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+import msgspec
+
 from tangram import DRIVER_NAME
 from tangram.dra.model import (
     AttributeValue,
@@ -179,3 +181,29 @@ def node_devices(hw: NodeHardware, *, driver: str = DRIVER_NAME) -> NodeDevices:
         if cut:
             devices.extend(_mig_devices(driver, gpu, hw.driver_version))
     return NodeDevices(node=hw.node, driver=driver, pool=hw.node, devices=devices, counter_sets=counter_sets)
+
+
+def whole_devices_only(devices: NodeDevices) -> NodeDevices:
+    """What a cluster without partitionable devices can be offered: whole GPUs and existing MIG instances.
+
+    Without counters the scheduler cannot see that placements overlap or that a whole GPU excludes
+    its instances, so only devices that exist side by side are kept: a GPU with MIG instances offers
+    those instances (and not itself), any other GPU offers itself.
+    """
+    cut = {d.gpu_index for d in devices.devices if d.kind == "mig" and _exists(d)}
+    kept = [
+        msgspec.structs.replace(d, consumes=[])
+        for d in devices.devices
+        if (d.kind == "gpu" and d.gpu_index not in cut) or (d.kind == "mig" and _exists(d))
+    ]
+    return msgspec.structs.replace(devices, devices=kept, counter_sets=[])
+
+
+def untainted_only(devices: NodeDevices) -> NodeDevices:
+    """Where the API server drops device taints, a tainted device must not be offered at all."""
+    return msgspec.structs.replace(devices, devices=[d for d in devices.devices if not d.taints])
+
+
+def _exists(device: Device) -> bool:
+    """A MIG placement carries a uuid attribute only when its instance exists."""
+    return any(name.rpartition("/")[2] == "uuid" for name in device.attributes)

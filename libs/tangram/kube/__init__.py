@@ -1,16 +1,20 @@
 """Kubernetes API adapter: the only package that talks to the API server (through kubernetes_asyncio)."""
 
 from tangram.kube.client import KubeApiError, KubeConfigError, call, connect
+from tangram.kube.layout import LayoutError, SliceLayout, detect_layout
 from tangram.kube.slices import SPEC_HASH_ANNOTATION, SliceInputError, SlicePublisher, SyncReport, spec_hash
 
 __all__ = [
     "SPEC_HASH_ANNOTATION",
     "KubeApiError",
     "KubeConfigError",
+    "LayoutError",
     "SliceInputError",
+    "SliceLayout",
     "SlicePublisher",
     "SyncReport",
     "call",
     "connect",
+    "detect_layout",
     "spec_hash",
 ]

@@ -1,0 +1,384 @@
+"""A real Kubernetes control plane on loopback, for the tests and for local development.
+
+The Go program in `tests/controlplane/` runs embedded etcd, kube-apiserver,
+kube-controller-manager and kube-scheduler from one pinned `k8s.io/kubernetes` release in one
+process. It is built once into a cache directory keyed by the Kubernetes version and a hash of
+its source, so a changed pin or program builds anew and an unchanged one is reused.
+
+`ControlPlane` starts it on free loopback ports with a temporary data directory, reads readiness
+from the program's own output (it prints one line once every component answers its health
+check), and stops it by pid. Nodes are plain Node objects marked Ready: no kubelet runs.
+
+`python -m tangram.kube.controlplane build` builds the binary when missing and prints its path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from kubernetes_asyncio.client import CoreV1Api
+
+from tangram.kube.client import call, connect
+
+KUBERNETES_VERSION = "v1.34.4"
+# The feature gates each slice layout needs on a 1.34 API server: counter sets and devices that
+# consume them (MIG placements) are alpha there, as are device taints.
+PARTITIONABLE_GATES: Mapping[str, bool] = {"DRAPartitionableDevices": True, "DRADeviceTaints": True}
+WHOLE_DEVICE_GATES: Mapping[str, bool] = {"DRAPartitionableDevices": False, "DRADeviceTaints": True}
+
+_READY = "TANGRAM-CONTROLPLANE READY "
+_SOURCE_FILES = ("go.mod", "go.sum", "main.go")
+# measured: over an hour at nice 10 on a shared, heavily loaded 2-core machine; expect tens of
+# minutes on an idle one
+_COLD_BUILD_HINT = "about 5 minutes on 2 idle cores the first time (module download and compile)"
+
+
+class ControlPlaneError(RuntimeError):
+    """The binary is missing or failed to build, start or become ready; the message says which."""
+
+
+def source_dir() -> Path:
+    """The Go program's source, in the repository this package is installed from (editable)."""
+    explicit = os.environ.get("TANGRAM_CONTROLPLANE_SRC")
+    if explicit:
+        return Path(explicit)
+    return Path(__file__).resolve().parents[3] / "tests" / "controlplane"
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "tangram" / "controlplane"
+
+
+def binary_path(source: Path | None = None) -> Path:
+    """Where the binary for this source lives: `<cache>/<k8s version>-<hash of the source>/controlplane`."""
+    source = source or source_dir()
+    digest = hashlib.sha256(_version_ldflags().encode() + b"\0")
+    for name in _SOURCE_FILES:
+        try:
+            digest.update(name.encode() + b"\0" + (source / name).read_bytes() + b"\0")
+        except OSError as error:
+            raise ControlPlaneError(f"control plane source incomplete in {source}: {error}") from error
+    return cache_root() / f"{KUBERNETES_VERSION}-{digest.hexdigest()[:12]}" / "controlplane"
+
+
+def find_binary() -> Path:
+    """$TANGRAM_CONTROLPLANE, else the cached build of the current source; never builds."""
+    explicit = os.environ.get("TANGRAM_CONTROLPLANE")
+    if explicit:
+        return Path(explicit)
+    path = binary_path()
+    if not path.exists():
+        raise ControlPlaneError(f"control plane binary {path} not built yet: run `make controlplane`")
+    return path
+
+
+def build(*, out: Any = sys.stderr) -> Path:
+    """Build the binary into its cache directory unless it is there already; returns its path."""
+    source = source_dir()
+    path = binary_path(source)
+    if path.exists():
+        return path
+    print(f"building the Kubernetes {KUBERNETES_VERSION} control plane into {path.parent}", file=out)
+    print(f"this takes {_COLD_BUILD_HINT}; later runs reuse it", file=out, flush=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".controlplane-{os.getpid()}")
+    started = time.monotonic()
+    try:
+        result = subprocess.run(
+            ["go", "build", "-trimpath", f"-ldflags=-s -w {_version_ldflags()}", "-o", str(partial), "."],
+            cwd=source,
+            check=False,
+        )
+    except FileNotFoundError as error:
+        raise ControlPlaneError(f"cannot run the Go toolchain (Go 1.24+ is needed): {error}") from error
+    if result.returncode != 0:
+        partial.unlink(missing_ok=True)
+        raise ControlPlaneError(f"go build of {source} failed with exit status {result.returncode}")
+    # rename: a concurrent build or an interrupted one never leaves a half-written binary in place
+    partial.replace(path)
+    print(f"built in {time.monotonic() - started:.0f}s: {path}", file=out, flush=True)
+    return path
+
+
+def _version_ldflags() -> str:
+    """The version the servers report (/version): a build from the module leaves it unset."""
+    major, minor, _ = KUBERNETES_VERSION.removeprefix("v").split(".")
+    package = "k8s.io/component-base/version"
+    return " ".join(
+        f"-X {package}.{name}={value}"
+        for name, value in (
+            ("gitVersion", KUBERNETES_VERSION),
+            ("gitMajor", major),
+            ("gitMinor", minor),
+            ("gitTreeState", "clean"),
+        )
+    )
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct free loopback ports (held open together while choosing, so they differ)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def gates_flag(gates: Mapping[str, bool]) -> str:
+    return ",".join(f"{name}={'true' if on else 'false'}" for name, on in sorted(gates.items()))
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    server: str  # https://127.0.0.1:<port>
+    kubeconfig: Path
+    ca_file: Path
+    token: str
+
+
+class ControlPlane:
+    """One control plane process. Use as a context manager, or `start()` and `stop()`."""
+
+    def __init__(
+        self,
+        data_dir: Path | None = None,
+        *,
+        binary: Path | None = None,
+        feature_gates: Mapping[str, bool] = PARTITIONABLE_GATES,
+        runtime_config: str = "",
+        controllers: Iterable[str] = (),
+        startup_timeout: float = 120.0,
+    ) -> None:
+        self._binary = binary
+        self._data_dir = data_dir
+        self._own_dir: tempfile.TemporaryDirectory[str] | None = None
+        self.feature_gates = dict(feature_gates)
+        self.runtime_config = runtime_config
+        self.controllers = tuple(controllers)
+        self.startup_timeout = startup_timeout
+        self._process: subprocess.Popen[str] | None = None
+        self._reader: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._ready_line: dict[str, Any] | None = None
+        self._output: list[str] = []
+        self._endpoints: Endpoints | None = None
+        self.startup_s: float | None = None
+
+    @property
+    def endpoints(self) -> Endpoints:
+        if self._endpoints is None:
+            raise ControlPlaneError("the control plane is not running")
+        return self._endpoints
+
+    @property
+    def server(self) -> str:
+        return self.endpoints.server
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.endpoints.kubeconfig
+
+    @property
+    def token(self) -> str:
+        return self.endpoints.token
+
+    @property
+    def data_dir(self) -> Path:
+        if self._data_dir is None:
+            raise ControlPlaneError("the control plane is not running")
+        return self._data_dir
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / "controlplane.log"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    async def client(self) -> Any:
+        """A kubernetes_asyncio ApiClient authenticated as cluster admin; close it when done."""
+        return await connect(kubeconfig=self.kubeconfig)
+
+    def start(self) -> ControlPlane:
+        if self._process is not None and self._process.poll() is None:
+            raise ControlPlaneError("the control plane is already running")
+        binary = self._binary or find_binary()
+        if self._data_dir is None:
+            self._own_dir = tempfile.TemporaryDirectory(prefix="tangram-controlplane-")
+            self._data_dir = Path(self._own_dir.name)
+        self._data_dir.mkdir(parents=True, exist_ok=True)
+        apiserver, etcd, peer, scheduler, controllers = free_ports(5)
+        command = [
+            str(binary),
+            f"--data-dir={self._data_dir}",
+            f"--apiserver-port={apiserver}",
+            f"--etcd-port={etcd}",
+            f"--etcd-peer-port={peer}",
+            f"--scheduler-port={scheduler}",
+            f"--controller-manager-port={controllers}",
+            f"--feature-gates={gates_flag(self.feature_gates)}",
+            f"--ready-timeout={int(self.startup_timeout)}s",
+        ]
+        if self.runtime_config:
+            command.append(f"--runtime-config={self.runtime_config}")
+        if self.controllers:
+            command.append(f"--controllers={','.join(self.controllers)}")
+        self._ready.clear()
+        self._ready_line = None
+        self._output = []
+        started = time.monotonic()
+        with self.log_file.open("ab") as log:
+            self._process = subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True
+            )
+        self._reader = threading.Thread(target=self._read_output, name="controlplane-output", daemon=True)
+        self._reader.start()
+        deadline = started + self.startup_timeout + 10
+        while not self._ready.wait(0.05):
+            if self._process.poll() is not None or time.monotonic() > deadline:
+                why = (
+                    "exited" if self._process.poll() is not None else f"not ready in {self.startup_timeout}s"
+                )
+                tail = self._log_tail()
+                self._terminate()
+                raise ControlPlaneError(f"control plane {why}; last log lines:\n{tail}")
+        self.startup_s = time.monotonic() - started
+        ready: dict[str, Any] = self._ready_line or {}
+        self._endpoints = Endpoints(
+            server=str(ready["server"]),
+            kubeconfig=Path(ready["kubeconfig"]),
+            ca_file=Path(ready["ca"]),
+            token=Path(ready["token_file"]).read_text().strip(),
+        )
+        return self
+
+    def _read_output(self) -> None:
+        process = self._process
+        assert process is not None and process.stdout is not None
+        for line in process.stdout:
+            self._output.append(line.rstrip())
+            if line.startswith(_READY):
+                self._ready_line = json.loads(line[len(_READY) :])
+                self._ready.set()
+
+    def _log_tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log_file.read_text(errors="replace").splitlines()
+        except OSError:
+            text = []
+        return "\n".join(self._output[-5:] + text[-lines:])
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """Graceful stop (SIGTERM) by pid, SIGKILL if it does not exit in time; removes its own data dir."""
+        self._terminate(timeout)
+        self._endpoints = None
+        if self._own_dir is not None:
+            self._own_dir.cleanup()
+            self._own_dir = None
+            self._data_dir = None
+
+    def _terminate(self, timeout: float = 20.0) -> None:
+        process = self._process
+        if process is None:
+            return
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(process.pid, signal.SIGKILL)
+                process.wait()
+        if self._reader is not None:
+            self._reader.join(timeout)
+            self._reader = None
+        if process.stdout is not None:
+            with contextlib.suppress(OSError):
+                process.stdout.close()
+        self._process = None
+
+    def __enter__(self) -> ControlPlane:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+async def register_node(
+    api: Any, name: str, *, labels: Mapping[str, str] | None = None, pods: int = 110
+) -> Any:
+    """Create a Node the scheduler can place pods on, as a kubelet would register it.
+
+    No kubelet or node-lifecycle controller runs, so the not-ready taint the API server adds at
+    creation is lifted here and the Ready condition and allocatable resources are set directly.
+    """
+    core = CoreV1Api(api)
+    body = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
+    }
+    await call(f"create Node {name}", core.create_node(body))
+    await call(f"lift the not-ready taint of Node {name}", core.patch_node(name, {"spec": {"taints": None}}))
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    resources = {"cpu": "64", "memory": "512Gi", "pods": str(pods)}
+    status = {
+        "status": {
+            "capacity": resources,
+            "allocatable": resources,
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "registered by Tangram's test kubelet",
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": now,
+                }
+            ],
+        }
+    }
+    return await call(f"mark Node {name} ready", core.patch_node_status(name, status))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args != ["build"]:
+        print("usage: python -m tangram.kube.controlplane build", file=sys.stderr)
+        return 2
+    try:
+        print(build())
+    except ControlPlaneError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
