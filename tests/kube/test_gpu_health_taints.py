@@ -45,6 +45,7 @@ async def test_ecc_xid_taints_the_gpu_and_an_application_xid_does_not(
         refresh_s=0.1,
         kubernetes=True,
         kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", apiserver.url),
+        k8s_version="1.36",  # the small API server serves 1.36 and answers no layout probe
     )
     ctx = ServiceContext(name="discovery", bus=bus, stop=asyncio.Event())
     task = asyncio.create_task(run(ctx, settings))

@@ -29,6 +29,7 @@ async def test_an_api_outage_longer_than_the_stale_window_makes_discovery_unread
         refresh_s=0.1,
         kubernetes=True,
         kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", apiserver.url),
+        k8s_version="1.36",  # the small API server serves 1.36 and answers no layout probe
         slice_stale_s=0.3,
     )
     await apiserver.stop()  # the API server is down when discovery first publishes
@@ -60,6 +61,7 @@ async def test_synced_slices_keep_discovery_ready(
         refresh_s=0.1,
         kubernetes=True,
         kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", apiserver.url),
+        k8s_version="1.36",  # the small API server serves 1.36 and answers no layout probe
         slice_stale_s=0.3,
     )
     ctx = ServiceContext(name="discovery", bus=bus, stop=asyncio.Event())

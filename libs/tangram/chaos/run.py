@@ -270,7 +270,8 @@ class ChaosRun:
 
     async def _faults(self) -> None:
         order = fault_order(self.rng)
-        while not self._ending.is_set():
+        # The claims may all be done before every kind has been injected once: go on until it has.
+        while True:
             with contextlib.suppress(TimeoutError):
                 pause = self.rng.uniform(0.5, 1.5) * self.config.fault_interval_s
                 await asyncio.wait_for(self._ending.wait(), pause)
