@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tangram.bench.quality import _alive_after
 from tangram.bench.traces import (
     Arrival,
     ClaimShape,
@@ -80,3 +81,13 @@ def test_fleet_nodes_have_own_names_and_uuids_and_no_mig_instances() -> None:
 def test_fleet_keeps_instances_when_asked() -> None:
     (hw,) = build_fleet([("hgx-h200", 1)], keep_instances=True)
     assert sorted(m.profile for m in hw.gpus[0].mig_instances) == ["1g.18gb", "3g.71gb"]
+
+
+def test_the_claims_an_arrival_meets_include_those_that_depart_after_it() -> None:
+    """The optimum is checked against the claims alive when a claim arrives: a departure listed
+    after that arrival has not happened yet (it was counted early, which understated the load)."""
+    one, two = ClaimShape("gpu", 1), ClaimShape("gpu", 2)
+    ops: list[Op] = [Arrival("a", one), Arrival("b", two), Departure("a"), Arrival("c", one)]
+    assert _alive_after(ops, 0) == []
+    assert _alive_after(ops, 2) == [one, two]
+    assert _alive_after(ops, 3) == [two, one]

@@ -258,13 +258,14 @@ def replay(
 
 
 def _alive_after(ops: list[Op], arrivals: int) -> list[ClaimShape]:
-    """The claims alive once `arrivals` arrivals (and the departures between them) happened."""
+    """The claims alive the moment the `arrivals`-th arrival came (with the departures between the
+    arrivals; those listed after it happen later, so its claim met the claims they end)."""
     alive: dict[str, ClaimShape] = {}
     seen = 0
     for op in ops:
+        if seen == arrivals:
+            break
         if isinstance(op, Arrival):
-            if seen == arrivals:
-                break
             seen += 1
             alive[op.uid] = op.shape
         else:
