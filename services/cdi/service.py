@@ -16,7 +16,7 @@ from tangram.events import (
     NodeInventory,
     subject_token,
 )
-from tangram.kubelet import InMemoryAllocationSource, PluginConfig, build_plugin
+from tangram.kubelet import HealthBoard, InMemoryAllocationSource, PluginConfig, build_plugin
 from tangram.service import ServiceContext, first, follow_all, settle
 
 log = logging.getLogger("tangram.cdi")
@@ -46,11 +46,13 @@ async def find_driver(settings: CdiSettings, nvml_version: str | None) -> Driver
 
 async def run(ctx: ServiceContext, settings: CdiSettings) -> None:
     source = InMemoryAllocationSource(settings.node_name)
+    health = HealthBoard(settings.node_name, driver=settings.driver_name)
     nvml_version: list[str] = []  # the driver version discovery read from NVML, once its inventory is in
 
     def observe(event: Event) -> None:
         if isinstance(event, NodeInventory) and event.hardware.node == settings.node_name:
             nvml_version[:] = [event.hardware.driver_version]
+            health.update(event.hardware)
         source.observe(event)
 
     followers, caught_up = follow_all(ctx.bus, follow_sources(settings.node_name), observe, stop=ctx.stop)
@@ -71,7 +73,12 @@ async def run(ctx: ServiceContext, settings: CdiSettings) -> None:
             await ctx.bus.publish(event)
 
         plugin = await build_plugin(
-            config, source, on_event=publish, producer=f"cdi@{settings.node_name}", driver=driver
+            config,
+            source,
+            on_event=publish,
+            producer=f"cdi@{settings.node_name}",
+            driver=driver,
+            health=health,
         )
         async with plugin:
             ctx.readiness.append(plugin.registration_problem)

@@ -6,17 +6,21 @@ import asyncio
 import logging
 import shutil
 import tempfile
+import uuid
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from services.cdi.service import run
 from services.cdi.settings import CdiSettings, parse_settings
+from tangram.bus import Bus
 from tangram.cdi.simroot import lay_out_driver_root
+from tangram.kubelet.proto import dra_health_v1alpha1_pb2 as health_pb2
 from tangram.natsserver import NatsServer
 from tangram.service import ServiceContext
 from tangram.service.runner import serve
-from tests.kubelet.fakes import TestKubelet
+from tests.kubelet.fakes import NODE, TestKubelet, inventory
 from tests.service.test_readiness import until_readyz
 
 
@@ -96,3 +100,59 @@ def test_driver_root_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> N
         Path("/driver-root/run/nvidia/driver"),
         Path("/usr/local/nvidia/toolkit/nvidia-cdi-hook"),
     )
+
+
+async def test_kubelet_sees_a_gpu_the_inventory_marks_failing_as_unhealthy(
+    nats_server: NatsServer, bus: Bus, tmp_path: Path
+) -> None:
+    kubelet_root = Path(tempfile.mkdtemp(prefix="tk-", dir="/tmp"))
+    settings = CdiSettings(
+        nats_urls=(nats_server.url,),
+        node_name=NODE,
+        kubelet_root=kubelet_root,
+        cdi_dir=tmp_path / "cdi",
+        driver_root=lay_out_driver_root(tmp_path / "driver", "580.95.05"),
+    )
+    kubelet = TestKubelet(kubelet_root)
+    healthy = inventory()
+    failing = msgspec.structs.replace(
+        healthy,
+        event_id=uuid.uuid4().hex,  # a new publication, not a redelivery of the first
+        hardware=msgspec.structs.replace(
+            healthy.hardware,
+            gpus=[
+                msgspec.structs.replace(g, health="unhealthy") if g.index == 1 else g
+                for g in healthy.hardware.gpus
+            ],
+        ),
+    )
+    await bus.publish(healthy)
+
+    async def service(ctx: ServiceContext) -> None:
+        serving = asyncio.create_task(run(ctx, settings))
+        try:
+            await asyncio.wait_for(ctx.ready.wait(), 20)
+            stream = kubelet.watch_health(str(kubelet_root / "plugins" / "gpu.tangram.dev" / "dra.sock"))
+            try:
+                first = {
+                    d.device.device_name: d.health
+                    for d in (await asyncio.wait_for(stream.read(), 10)).devices
+                }
+                assert first["gpu-1"] == health_pb2.HEALTHY
+                await bus.publish(failing)  # discovery saw an ECC error on GPU 1
+                second = {
+                    d.device.device_name: d.health
+                    for d in (await asyncio.wait_for(stream.read(), 10)).devices
+                }
+                assert second["gpu-1"] == health_pb2.UNHEALTHY and second["gpu-0"] == health_pb2.HEALTHY
+            finally:
+                stream.cancel()
+        finally:
+            ctx.stop.set()
+            await serving
+
+    try:
+        assert await serve("cdi", f"cdi@{NODE}", settings, service) == 0
+    finally:
+        await kubelet.close()
+        shutil.rmtree(kubelet_root, ignore_errors=True)

@@ -23,6 +23,8 @@ from tangram.events import (
     PartitionFailed,
 )
 from tangram.kubelet.proto import (
+    dra_health_v1alpha1_pb2,
+    dra_health_v1alpha1_pb2_grpc,
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,
@@ -182,6 +184,11 @@ class TestKubelet:
         await stub.NotifyRegistrationStatus(
             pluginregistration_pb2.RegistrationStatus(plugin_registered=registered, error=error), timeout=5
         )
+
+    def watch_health(self, endpoint: str) -> Any:
+        """The health stream kubelet opens on the DRA socket (feature gate ResourceHealthStatus)."""
+        stub = dra_health_v1alpha1_pb2_grpc.DRAResourceHealthStub(self._channel(endpoint))
+        return stub.NodeWatchResources(dra_health_v1alpha1_pb2.NodeWatchResourcesRequest())
 
     def _dra(self, endpoint: str, version: str) -> Any:
         if version == "v1":

@@ -2,6 +2,7 @@
 
 from tangram.kubelet.allocations import AllocationSource, AllocationUnavailable, InMemoryAllocationSource
 from tangram.kubelet.config import KUBELET_CALL_TIMEOUT_S, PluginConfig
+from tangram.kubelet.health import HealthBoard
 from tangram.kubelet.plugin import build_plugin
 from tangram.kubelet.preparer import ClaimEvent, ClaimPreparer, EventSink, PrepareOutcome, RecoveryReport
 from tangram.kubelet.server import KubeletPlugin
@@ -15,6 +16,7 @@ __all__ = [
     "ClaimEvent",
     "ClaimPreparer",
     "EventSink",
+    "HealthBoard",
     "InMemoryAllocationSource",
     "KubeletPlugin",
     "PluginConfig",

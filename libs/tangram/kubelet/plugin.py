@@ -10,6 +10,7 @@ from tangram.cdi.spec import CdiKind
 from tangram.cdi.writer import CdiSpecWriter
 from tangram.kubelet.allocations import AllocationSource
 from tangram.kubelet.config import PluginConfig
+from tangram.kubelet.health import HealthBoard
 from tangram.kubelet.preparer import ClaimPreparer, EventSink
 from tangram.kubelet.server import KubeletPlugin
 
@@ -21,6 +22,7 @@ async def build_plugin(
     on_event: EventSink | None = None,
     producer: str = "cdi",
     driver: DriverFiles | None = None,
+    health: HealthBoard | None = None,
 ) -> KubeletPlugin:
     """A plugin whose prepared state is recovered and ready; call `start()` (or `async with`) to serve.
 
@@ -44,4 +46,4 @@ async def build_plugin(
         producer=producer,
     )
     await preparer.recover()
-    return KubeletPlugin(config, preparer)
+    return KubeletPlugin(config, preparer, health)

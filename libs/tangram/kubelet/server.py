@@ -12,9 +12,20 @@ from types import TracebackType
 import grpc
 
 from tangram.kubelet.config import PluginConfig
+from tangram.kubelet.health import HealthBoard
 from tangram.kubelet.preparer import ClaimPreparer
-from tangram.kubelet.proto import dra_v1_pb2_grpc, dra_v1beta1_pb2_grpc, pluginregistration_pb2_grpc
-from tangram.kubelet.servicers import RegistrationServicer, RegistrationState, dra_servicers
+from tangram.kubelet.proto import (
+    dra_health_v1alpha1_pb2_grpc,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2_grpc,
+    pluginregistration_pb2_grpc,
+)
+from tangram.kubelet.servicers import (
+    DraHealthServicer,
+    RegistrationServicer,
+    RegistrationState,
+    dra_servicers,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +53,15 @@ class KubeletPlugin:
     the directory for new ones; the plugin notices its socket is gone and serves a fresh one.
     """
 
-    def __init__(self, config: PluginConfig, preparer: ClaimPreparer) -> None:
+    def __init__(
+        self, config: PluginConfig, preparer: ClaimPreparer, health: HealthBoard | None = None
+    ) -> None:
         self.config = config
         self.preparer = preparer
+        # What the node's inventory says of each device, streamed to kubelet when it asks.
+        self.health = (
+            health if health is not None else HealthBoard(config.node_name, driver=config.driver_name)
+        )
         self.registration = RegistrationState()
         self.registrations_served = 0
         self._dra_server: grpc.aio.Server | None = None
@@ -94,6 +111,9 @@ class KubeletPlugin:
         servicers = dra_servicers(self.preparer)
         dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(servicers["v1"], server)
         dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(servicers["v1beta1"], server)
+        dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+            DraHealthServicer(self.health), server
+        )
         await self._bind(server, self.config.dra_socket)
         return server
 

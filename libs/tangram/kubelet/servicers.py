@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 from tangram.cdi.devices import ClaimRef
+from tangram.kubelet.health import HealthBoard
 from tangram.kubelet.preparer import ClaimPreparer
-from tangram.kubelet.proto import dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_pb2
+from tangram.kubelet.proto import dra_health_v1alpha1_pb2, dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_pb2
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,34 @@ def dra_servicers(preparer: ClaimPreparer) -> dict[str, DraServicer]:
         "v1": DraServicer(preparer, dra_v1_pb2),
         "v1beta1": DraServicer(preparer, dra_v1beta1_pb2),
     }
+
+
+_HEALTH_STATUS = {
+    "healthy": dra_health_v1alpha1_pb2.HEALTHY,
+    "unhealthy": dra_health_v1alpha1_pb2.UNHEALTHY,
+    "unknown": dra_health_v1alpha1_pb2.UNKNOWN,
+}
+
+
+class DraHealthServicer:
+    """kubelet's DRA health service: every device's health, then again at every change."""
+
+    def __init__(self, board: HealthBoard) -> None:
+        self._board = board
+
+    async def NodeWatchResources(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        messages = dra_health_v1alpha1_pb2
+        async for devices in self._board.watch():
+            yield messages.NodeWatchResourcesResponse(
+                devices=[
+                    messages.DeviceHealth(
+                        device=messages.DeviceIdentifier(pool_name=d.pool, device_name=d.device),
+                        health=_HEALTH_STATUS[d.status],
+                        last_updated_time=d.since,
+                    )
+                    for d in devices
+                ]
+            )
 
 
 @dataclass
