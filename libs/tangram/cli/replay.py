@@ -42,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
 def render(report: ReplayReport) -> str:
     lines = [
         f"replayed {report.events} events, {report.claims_decided} claims decided again"
-        + (f", {report.undecodable} undecodable or refused messages skipped" if report.undecodable else ""),
+        + (f", {report.undecodable} undecodable messages skipped" if report.undecodable else "")
+        + (f", {report.refused} refused by their subject" if report.refused else ""),
     ]
     if report.version_changed:
         lines.append(

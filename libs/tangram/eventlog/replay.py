@@ -66,7 +66,8 @@ class Divergence(msgspec.Struct, frozen=True, kw_only=True):
 
 class ReplayReport(msgspec.Struct, kw_only=True):
     events: int
-    undecodable: int
+    undecodable: int  # bytes that decode to no event
+    refused: int  # events their subject may not carry (as the live readers refuse them)
     claims_decided: int
     divergences: list[Divergence]
     recorded_version: str
@@ -87,6 +88,7 @@ class Stored:
 class OrderedLog:
     events: list[Stored]
     undecodable: list[LogRecord]
+    refused: list[LogRecord]
     # Per claim uid, the first decision recorded (a later ClaimFailed is a failure after it).
     decisions: dict[str, Stored]
 
@@ -103,6 +105,7 @@ def ordered(log: EventLog) -> OrderedLog:
     rank = {name: position for position, name in enumerate(LOG_STREAMS)}
     decoded: list[Stored] = []
     undecodable: list[LogRecord] = []
+    refused: list[LogRecord] = []
     for item in log.records:
         try:
             event = decode(item.body)
@@ -113,7 +116,7 @@ def ordered(log: EventLog) -> OrderedLog:
         if admission(item.subject, event) is None:
             decoded.append(Stored(item, event))
         else:
-            undecodable.append(item)
+            refused.append(item)
     first_inventory: set[int] = set()
     seen_nodes: set[str] = set()
     for position, stored in enumerate(decoded):
@@ -134,7 +137,7 @@ def ordered(log: EventLog) -> OrderedLog:
     for stored in events:
         if isinstance(stored.event, ClaimAllocated | ClaimFailed):
             decisions.setdefault(stored.event.uid, stored)
-    return OrderedLog(events=events, undecodable=undecodable, decisions=decisions)
+    return OrderedLog(events=events, undecodable=undecodable, refused=refused, decisions=decisions)
 
 
 # Called with the ledger as it stood just before a claim request was decided again.
@@ -171,6 +174,7 @@ def replay(
     return ReplayReport(
         events=len(events.events),
         undecodable=len(events.undecodable),
+        refused=len(events.refused),
         claims_decided=decided,
         divergences=divergences,
         recorded_version=log.header.tangram_version,
