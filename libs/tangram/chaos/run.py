@@ -419,7 +419,7 @@ class ChaosRun:
     # ---- checks -------------------------------------------------------------------------------------
 
     async def _check(self) -> dict[str, Any]:
-        letters = [event async for _, event in self.bus.replay(DEADLETTER_STREAM)]
+        letters = await self._settled_dead_letters()
         refused = dead_lettered_ids(letters)
         node_log = await self._settled_node_log(refused)
         log = [event async for _, event in self.bus.replay(CLAIMS_STREAM)]
@@ -464,6 +464,16 @@ class ChaosRun:
             "dead_letters": len(letters),
             "events": {"claims_log": len(log), "nodes_log": len(node_log)},
         }
+
+    async def _settled_dead_letters(self, timeout_s: float = 60.0) -> list[Event]:
+        """The dead letters once every injected bad message has one (or the time is up): the last
+        fault may land just before the checks, on a consumer a kill had just restarted."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            letters = [event async for _, event in self.bus.replay(DEADLETTER_STREAM)]
+            if not undead_lettered(self.seen.must_dead_letter, letters) or time.monotonic() > deadline:
+                return letters
+            await asyncio.sleep(0.5)
 
     async def _settled_node_log(self, refused: set[str], timeout_s: float = 180.0) -> list[Event]:
         """The node log once every partition command has its result (or the time is up)."""

@@ -12,6 +12,7 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from tangram.bus import Bus, BusConfig, redact_url
 from tangram.service.health import HealthServer, ReadinessCheck
@@ -19,6 +20,8 @@ from tangram.service.logs import configure_logging
 from tangram.service.settings import ServiceSettings
 
 log = logging.getLogger("tangram.service")
+
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -62,10 +65,20 @@ async def serve(name: str, producer: str, settings: ServiceSettings, main: Servi
         "service starting",
         extra={"health_port": health.port, "nats": [redact_url(u) for u in settings.nats_urls]},
     )
-    bus = await Bus.connect(bus_config(settings, name=name, producer=producer))
-    readiness.append(lambda: None if bus.nats.is_connected else "NATS is unreachable (reconnecting)")
+    bus: Bus | None = None
     try:
-        await bus.ensure_streams()
+        # A SIGTERM while NATS is still being reached stops the start, not only a running service.
+        bus = await _unless_stopped(Bus.connect(bus_config(settings, name=name, producer=producer)), stop)
+        if bus is None:
+            log.info("stopped while starting")
+            return 0
+        connected = bus
+        readiness.append(
+            lambda: None if connected.nats.is_connected else "NATS is unreachable (reconnecting)"
+        )
+        if not await _unless_stopped(_true(bus.ensure_streams()), stop):
+            log.info("stopped while starting")
+            return 0
         await main(
             ServiceContext(
                 name=name,
@@ -83,9 +96,35 @@ async def serve(name: str, producer: str, settings: ServiceSettings, main: Servi
         log.exception("fatal error, exiting")
         return 1
     finally:
-        with contextlib.suppress(Exception):
-            await bus.close()
+        if bus is not None:
+            with contextlib.suppress(Exception):
+                await bus.close()
         await health.stop()
+
+
+async def _true(step: Awaitable[None]) -> bool:
+    await step
+    return True
+
+
+async def _unless_stopped(step: Awaitable[_T], stop: asyncio.Event) -> _T | None:
+    """The step's result, or None (the step cancelled) once `stop` is set first."""
+    work = asyncio.ensure_future(step)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if work.done():
+        return work.result()
+    # nats-py's first connect swallows a cancellation that lands in its close path and goes on
+    # trying: cancel again until the step has really stopped.
+    while not work.done():
+        work.cancel()
+        await asyncio.wait({work}, timeout=0.5)
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        work.result()
+    return None
 
 
 def run_service(name: str, producer: str, settings: ServiceSettings, main: ServiceMain) -> int:
