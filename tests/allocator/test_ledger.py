@@ -19,6 +19,7 @@ from tangram.events import (
     Event,
     MigPlacement,
     NodeInventory,
+    PartitionApplied,
     PartitionFailed,
     PartitionRequested,
 )
@@ -295,6 +296,66 @@ def test_a_refused_destroy_keeps_the_instances_slices_out_of_later_decisions() -
     placed = [d for d in decided if isinstance(d, ClaimAllocated)]
     assert len(placed) == 7 and isinstance(decided[-1], ClaimFailed)
     assert create.gpu_index not in {d.devices[0].gpu_index for d in placed}
+
+
+def _made_and_released(book: Ledger) -> tuple[SimNvml, NodeInventory, NodeInventory, PartitionRequested]:
+    """A 7g instance created for claim 1 and released: its destroy is sent, not yet applied.
+    Returns the simulated GPUs, inventories read before and after the create, and the destroy."""
+    nvml = SimNvml.from_machine("dgx-h100")
+    nvml.nvmlInit()
+    before = NodeInventory(key="n1", hardware=read_node_hardware(nvml, "n1"))
+    book.apply(before, live=False)
+    create, allocated = book.apply(request(1, mig("7g.80gb")))
+    assert isinstance(create, PartitionRequested) and isinstance(allocated, ClaimAllocated)
+    MigExecutor(nvml, minors=parse_mig_minors(render_mig_minors())).create(
+        create.gpu_index, create.profile_id, create.placement
+    )
+    after = NodeInventory(key="n1", hardware=read_node_hardware(nvml, "n1"))
+    book.apply(after, live=False)
+    [made] = [m for g in after.hardware.gpus if g.index == create.gpu_index for m in g.mig_instances]
+    applied = PartitionApplied(
+        key="n1", command_id=create.command_id, node="n1", action="create", gpu_uuid=create.gpu_uuid,
+        gpu_index=create.gpu_index, profile=create.profile, placement=create.placement,
+        claim_uid=allocated.uid, mig_uuid=made.uuid,
+    )  # fmt: skip
+    assert book.apply(applied) == []
+    [destroy] = book.apply(
+        ClaimReleased(key=allocated.uid, namespace="team", name="claim-1", uid=allocated.uid)
+    )
+    assert isinstance(destroy, PartitionRequested) and destroy.action == "destroy" and destroy.mig_uuid
+    return nvml, before, after, destroy
+
+
+def test_an_instance_being_destroyed_is_never_handed_to_another_claim() -> None:
+    """An inventory read before the create (discovery's, late) says nothing about the destroy:
+    the instance stays on its way out until the destroy's result, so a claim for the same profile
+    gets an instance of its own, created after the destroy, never the one about to go."""
+    book = ledger()
+    _, before, after, _ = _made_and_released(book)
+    book.apply(before, live=False)
+    book.apply(after, live=False)
+    outputs = book.apply(request(2, mig("7g.80gb")))
+    creates = [e for e in outputs if isinstance(e, PartitionRequested) and e.action == "create"]
+    allocated = outputs[-1]
+    assert isinstance(allocated, ClaimAllocated) and len(creates) == 1
+    assert allocated.devices[0].partition_command == creates[0].command_id
+
+
+def test_an_instance_whose_destroy_was_applied_is_gone_even_from_a_late_inventory() -> None:
+    book = ledger()
+    _, _, after, destroy = _made_and_released(book)
+    applied = PartitionApplied(
+        key="n1", command_id=destroy.command_id, node="n1", action="destroy", gpu_uuid=destroy.gpu_uuid,
+        gpu_index=destroy.gpu_index, profile=destroy.profile, placement=destroy.placement,
+        claim_uid=destroy.claim_uid, mig_uuid=destroy.mig_uuid,
+    )  # fmt: skip
+    assert book.apply(applied) == []
+    book.apply(after, live=False)  # read before the destroy: it still lists the instance
+    outputs = book.apply(request(2, mig("7g.80gb")))
+    allocated = outputs[-1]
+    assert isinstance(allocated, ClaimAllocated)
+    [create] = [e for e in outputs if isinstance(e, PartitionRequested) and e.action == "create"]
+    assert allocated.devices[0].partition_command == create.command_id
 
 
 def test_a_partition_failure_from_another_node_fails_nothing() -> None:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import msgspec
+
 from tangram import DRIVER_NAME
 from tangram.allocation.demand import ClaimKind, claim_kind
 from tangram.allocation.eligibility import EligibilityCache, Eligible, evaluate
@@ -76,6 +78,8 @@ class FleetState:
         self._index = DemandIndex(self._shapes, self._eligible_on)
         self._noted: set[str] = set()  # claims counted in the demand mix
         self._made: set[tuple[str, int, int, int]] = set()  # (node, GPU, profile id, start) Tangram created
+        # node -> UUIDs of MIG instances whose destroy was applied, while inventories still show them
+        self._destroyed: dict[str, set[str]] = {}
 
     # --- inventory -------------------------------------------------------------------------------
 
@@ -87,10 +91,12 @@ class FleetState:
         if shape is None:
             shape = self._shapes[signature] = NodeShape(signature, hw, devices)
         old = self._nodes.get(hw.node)
+        hw = self._without_destroyed(hw)
         node = NodeState(hw, devices, shape, generation=old.generation + 1 if old else 1)
         if old is not None and old.destroying:
-            present = {(g.index, m.profile_id, m.placement.start) for g in hw.gpus for m in g.mig_instances}
-            node.set_destroying(old.destroying & present)
+            # Only the destroy's result ends "being destroyed": an inventory read before the
+            # destroy (or before the create it undoes) says nothing about it.
+            node.set_destroying(old.destroying)
         for uid in sorted(self._held_on.get(hw.node, ())):
             held = self._held[uid]
             node.take([shape.index_by_name[n] for n in held.devices if n in shape.index_by_name], uid)
@@ -101,6 +107,24 @@ class FleetState:
         # Indexed before the next decision reads the index: a rebuild folding a thousand
         # inventories then settles each node once, not once per inventory.
         self._unindexed.add(hw.node)
+
+    def _without_destroyed(self, hw: NodeHardware) -> NodeHardware:
+        """The inventory less the instances already destroyed (it may have been read before)."""
+        destroyed = self._destroyed.get(hw.node)
+        if not destroyed:
+            return hw
+        present = {m.uuid for g in hw.gpus for m in g.mig_instances}
+        destroyed &= present  # UUIDs are never reused: one no inventory shows is gone for good
+        if not destroyed:
+            del self._destroyed[hw.node]
+            return hw
+        gpus = [
+            msgspec.structs.replace(g, mig_instances=[m for m in g.mig_instances if m.uuid not in destroyed])
+            if any(m.uuid in destroyed for m in g.mig_instances)
+            else g
+            for g in hw.gpus
+        ]
+        return msgspec.structs.replace(hw, gpus=gpus)
 
     def remove_node(self, name: str) -> list[str]:
         """Forget the node; returns the uids of claims allocated there (their records stay)."""
@@ -260,6 +284,16 @@ class FleetState:
                 continue
             node.mark_destroying(device.gpu_index, device.profile_id, device.placement.start)
         self._unindexed.add(node.name)
+
+    def destroy_done(self, node_name: str, gpu_uuid: str, start: int, mig_uuid: str) -> None:
+        """The node destroyed the instance at `start` (`mig_uuid`, empty when none was there)."""
+        node = self._nodes.get(node_name)
+        if node is None:
+            return
+        if mig_uuid:
+            self._destroyed.setdefault(node_name, set()).add(mig_uuid)
+        node.destroyed(gpu_uuid, start, mig_uuid)
+        self._unindexed.add(node_name)
 
     def destroy_refused(self, node_name: str, gpu_uuid: str, start: int) -> None:
         """The node refused to destroy an instance: it is no longer counted as on its way out, so

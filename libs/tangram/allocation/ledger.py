@@ -118,6 +118,8 @@ class Ledger:
                         return self._fail_after_partition(uid, event)
             case PartitionFailed(action="destroy", node=node, gpu_uuid=gpu_uuid, placement=placement):
                 self.fleet.destroy_refused(node, gpu_uuid, placement.start)
+            case PartitionApplied(action="destroy", node=node, gpu_uuid=gpu_uuid, placement=placement):
+                self.fleet.destroy_done(node, gpu_uuid, placement.start, event.mig_uuid)
             case PartitionApplied(action="create", command_id=command_id, mig_uuid=mig_uuid):
                 if self.unanswered(event) is None:
                     self.created[command_id] = mig_uuid

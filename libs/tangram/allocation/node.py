@@ -106,6 +106,20 @@ class NodeState:
             self._stale.update(entry[0] for entry in gone)
             self.version += 1
 
+    def destroyed(self, gpu_uuid: str, start: int, mig_uuid: str) -> None:
+        """A destroy at `start` was applied: nothing there is on its way out any more, and the
+        instance it destroyed is gone even from an inventory read before the destroy."""
+        gone = {e for e in self.destroying if self.gpu_uuid.get(e[0]) == gpu_uuid and e[2] == start}
+        self.destroying -= gone
+        for g, live in self.existing.items():
+            if self.gpu_uuid.get(g) != gpu_uuid:
+                continue
+            kept = [inst for inst in live if not (mig_uuid and inst.uuid == mig_uuid)]
+            if len(kept) != len(live) or any(e[0] == g for e in gone):
+                self.existing[g] = kept
+                self._stale.add(g)
+        self.version += 1
+
     def set_destroying(self, destroying: set[tuple[int, int, int]]) -> None:
         self.destroying = set(destroying)
         self._stale.update(self.shape.gpus)
