@@ -92,19 +92,39 @@ def _containers(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
 # --- lint and schema -------------------------------------------------------------------------
 
 
+def test_helm_is_the_pinned_release(helm: Path) -> None:
+    assert chart.version(binary=helm) == chart.HELM_VERSION == "v3.19.0"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("value_set", [*VALUE_SETS, "everything"])
-def test_helm_lint_is_clean(helm: Path, value_set: str) -> None:
+def test_helm_lint_is_clean(helm: Path, value_set: str, version: str) -> None:
     values = VALUE_SETS.get(value_set, [])
     settings = EVERYTHING if value_set == "everything" else {}
-    output = chart.lint(values, settings, binary=helm)
+    output = chart.lint(values, settings, kube_version=f"{version}.0", binary=helm)
     assert "1 chart(s) linted, 0 chart(s) failed" in output
     assert "[ERROR]" not in output and "[WARNING]" not in output
 
 
-def test_lint_catches_a_broken_value(helm: Path) -> None:
-    # the lint test above can fail: a value that breaks rendering is an error
-    with pytest.raises(chart.HelmError, match="failed"):
-        chart.lint(settings={"allocator.resources": "oops"}, binary=helm)
+@pytest.mark.parametrize(
+    ("key", "value", "why"),
+    [
+        ("allocator.resources", "oops", "got string, want object"),
+        ("allocator.replica", "2", "additional properties 'replica' not allowed"),
+        ("node.cleanOrphans", "some", "value must be one of"),
+        ("nats.server.replicas", "2", "value must be one of"),
+    ],
+)
+def test_lint_refuses_a_wrong_value(helm: Path, key: str, value: str, why: str) -> None:
+    # the lint test above can fail: the values schema refuses mistakes before anything renders
+    with pytest.raises(chart.HelmError, match=why):
+        chart.lint(settings={key: value}, binary=helm)
+
+
+def test_the_chart_refuses_kubernetes_before_1_34(helm: Path) -> None:
+    # resource.k8s.io/v1 (DeviceClasses, ResourceSlices) is served from 1.34 on
+    with pytest.raises(chart.HelmError, match="kubeVersion"):
+        chart.template(kube_version="1.33.0", binary=helm)
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -636,3 +656,52 @@ async def test_the_api_server_refuses_an_unknown_field(kube: Any, helm: Path) ->
     # and a dry run stores nothing
     with pytest.raises(Refused, match="404"):
         await _request(kube, "GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles/tangram-node")
+
+
+@pytest.mark.controlplane
+@pytest.mark.timeout(300)
+async def test_helm_installs_and_uninstalls_the_chart(
+    controlplane: Any, kube: Any, unique: str, helm: Path
+) -> None:
+    # A release named without "tangram" prefixes every name, cluster-scoped ones included, so it
+    # cannot collide with anything else on the shared control plane; the DeviceClasses have fixed
+    # names and are checked by the dry run above. No hooks: the streams Job waits for a NATS that
+    # cannot run without a kubelet.
+    release, namespace = f"r{unique[-6:]}", unique[-20:].strip("-")
+    kubeconfig = ["--kubeconfig", str(controlplane.kubeconfig), "--namespace", namespace]
+    settings = ["--set", "deviceClasses.create=false"]
+    try:
+        notes = chart.run(
+            [
+                "install",
+                release,
+                str(chart.chart_dir()),
+                "--create-namespace",
+                "--no-hooks",
+                *settings,
+                *kubeconfig,
+            ],
+            binary=helm,
+        )
+        assert "STATUS: deployed" in notes and f"installed in namespace {namespace}" in notes
+        prefix = f"/apis/apps/v1/namespaces/{namespace}"
+        daemonset = await _request(kube, "GET", f"{prefix}/daemonsets/{release}-tangram-node")
+        assert daemonset["spec"]["template"]["spec"]["serviceAccountName"] == f"{release}-tangram-node"
+        deployment = await _request(kube, "GET", f"{prefix}/deployments/{release}-tangram-allocator")
+        assert deployment["spec"]["replicas"] == 2
+        nats = await _request(kube, "GET", f"{prefix}/statefulsets/{release}-tangram-nats")
+        assert nats["spec"]["replicas"] == 3
+        policy = await _request(
+            kube,
+            "GET",
+            f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/{release}-tangram-resourceslices-own-node",
+        )
+        condition = policy["spec"]["matchConditions"][0]["expression"]
+        assert f"system:serviceaccount:{namespace}:{release}-tangram-node" in condition
+        chart.run(["uninstall", release, "--wait", *kubeconfig], binary=helm)
+        with pytest.raises(Refused, match="404"):
+            await _request(
+                kube, "GET", f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{release}-tangram-node"
+            )
+    finally:
+        await CoreV1Api(kube).delete_namespace(namespace)

@@ -124,7 +124,8 @@ def build(*, out: Any = sys.stderr) -> Path:
     return path
 
 
-def _helm(args: Sequence[str], *, binary: Path | None = None) -> str:
+def run(args: Sequence[str], *, binary: Path | None = None) -> str:
+    """One helm command; its standard output, or HelmError with both outputs."""
     command = [str(binary or find_binary()), *args]
     # no repositories, plugins or caches of the user's: the chart has no dependencies
     env = {**os.environ, "HELM_CACHE_HOME": str(cache_root() / "home" / "cache")}
@@ -145,9 +146,21 @@ def _value_args(values: Sequence[Path], settings: Mapping[str, str]) -> list[str
     return args
 
 
-def lint(values: Sequence[Path] = (), settings: Mapping[str, str] = {}, *, binary: Path | None = None) -> str:
+def lint(
+    values: Sequence[Path] = (),
+    settings: Mapping[str, str] = {},
+    *,
+    kube_version: str = "1.34.0",
+    binary: Path | None = None,
+) -> str:
     """`helm lint --strict`; raises HelmError on any error or warning."""
-    return _helm(["lint", "--strict", str(chart_dir()), *_value_args(values, settings)], binary=binary)
+    args = ["lint", "--strict", str(chart_dir()), "--kube-version", kube_version]
+    return run([*args, *_value_args(values, settings)], binary=binary)
+
+
+def version(*, binary: Path | None = None) -> str:
+    """What the binary says it is (`helm version --short`, without the build metadata)."""
+    return run(["version", "--short"], binary=binary).strip().split("+")[0]
 
 
 def template(
@@ -163,7 +176,7 @@ def template(
     args = ["template", RELEASE, str(chart_dir()), "--namespace", namespace, "--kube-version", kube_version]
     for name in show_only:
         args += ["--show-only", name]
-    return _helm([*args, *_value_args(values, settings)], binary=binary)
+    return run([*args, *_value_args(values, settings)], binary=binary)
 
 
 def split_by_template(rendered: str) -> dict[str, str]:
