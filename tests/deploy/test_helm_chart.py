@@ -546,6 +546,19 @@ def test_committed_manifests_are_a_fresh_render(helm: Path) -> None:
     assert not stale, f"{stale} differ from the chart's render: run `make manifests`"
 
 
+def test_kustomizations_list_every_manifest() -> None:
+    deploy = ROOT / "deploy"
+    for folder in ("kubernetes", "openshift", "deviceclasses"):
+        kustomization = yaml.safe_load((deploy / folder / "kustomization.yaml").read_text())
+        assert kustomization["kind"] == "Kustomization"
+        files = {p.name for p in (deploy / folder).glob("*.yaml") if p.name != "kustomization.yaml"}
+        listed = set(kustomization["resources"])
+        assert files <= listed, folder
+        for resource in listed - files:
+            # the others are folders with a kustomization of their own
+            assert (deploy / folder / resource / "kustomization.yaml").exists(), (folder, resource)
+
+
 def test_split_by_template_keeps_every_document() -> None:
     text = (
         "---\n# Source: tangram/templates/a.yaml\nkind: A\n---\n# Source: tangram/templates/b.yaml\n"

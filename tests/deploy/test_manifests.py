@@ -22,7 +22,7 @@ OPENSHIFT_KINDS = {("security.openshift.io/v1", "SecurityContextConstraints")}
 def _documents() -> list[tuple[str, dict[str, Any]]]:
     found = []
     for path in sorted(DEPLOY.rglob("*.yaml")):
-        if DEPLOY / "helm" in path.parents:
+        if DEPLOY / "helm" in path.parents or path.name == "kustomization.yaml":
             continue
         for index, document in enumerate(yaml.safe_load_all(path.read_text())):
             if document is not None:

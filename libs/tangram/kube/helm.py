@@ -210,7 +210,22 @@ def render_manifests(*, binary: Path | None = None) -> dict[Path, str]:
     )
     (text,) = openshift.values()
     out[Path("deploy/openshift/node-scc.yaml")] = _HEADER.format(what="openshift.enabled=true") + text
+    # `kubectl apply -k deploy/kubernetes` (or deploy/openshift): the same files as kustomizations
+    plain_files = sorted(path.name for path in out if path.parent == Path("deploy/kubernetes"))
+    out[Path("deploy/kubernetes/kustomization.yaml")] = _kustomization([*plain_files, "../deviceclasses"])
+    out[Path("deploy/openshift/kustomization.yaml")] = _kustomization(["../kubernetes", "node-scc.yaml"])
     return out
+
+
+def _kustomization(resources: Sequence[str]) -> str:
+    lines = [
+        _HEADER.format(what="listing the files next to it").rstrip("\n"),
+        "apiVersion: kustomize.config.k8s.io/v1beta1",
+        "kind: Kustomization",
+        "resources:",
+        *(f"  - {resource}" for resource in resources),
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def write_manifests(root: Path | None = None) -> list[Path]:
