@@ -38,6 +38,7 @@ EVERYTHING = {
     "metrics.serviceMonitor.enabled": "true",
     "grafana.dashboard.enabled": "true",
     "openshift.enabled": "true",
+    "nats.tls.caConfigMap": "nats-ca",
 }
 CRD_KINDS = {
     ("security.openshift.io/v1", "SecurityContextConstraints"),
@@ -260,6 +261,34 @@ def test_existing_nats_uses_the_named_secrets(helm: Path) -> None:
     allocator = _pod(_one(objects, "Deployment", "allocator"))
     assert allocator["volumes"][0]["secret"]["secretName"] == "messaging-tangram"
     assert not [o for o in objects if o["kind"] == "StatefulSet"]
+
+
+def test_a_tls_nats_is_verified_with_the_given_ca(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    objects = rendered["everything"]
+    workloads = [
+        _one(objects, "Deployment", "allocator"),
+        _one(objects, "DaemonSet", "node"),
+        _one(objects, "Job", "nats-streams"),
+    ]
+    for workload in workloads:
+        pod = _pod(workload)
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "nats-ca"]
+        assert volume["configMap"] == {"name": "nats-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+        for container in pod["containers"]:
+            mounts = {m["name"]: m for m in container["volumeMounts"]}
+            assert mounts["nats-ca"] == {
+                "name": "nats-ca",
+                "mountPath": "/etc/tangram/nats-ca",
+                "readOnly": True,
+            }
+            env = {e["name"]: e.get("value") for e in container.get("env", [])}
+            if workload["kind"] != "Job":
+                assert env["TANGRAM_NATS_TLS_CA"] == "/etc/tangram/nats-ca/ca.crt", container["name"]
+    job = _containers(_one(objects, "Job", "nats-streams"))["streams"]
+    assert 'tls_ca_file="/etc/tangram/nats-ca/ca.crt"' in job["command"][-1]
+    # and without a CA, nothing of it
+    for obj in rendered["default"]:
+        assert "nats-ca" not in json.dumps(obj), obj["metadata"]["name"]
 
 
 # --- pods ------------------------------------------------------------------------------------

@@ -32,4 +32,23 @@
 {{- define "tangram.natsEnv" -}}
 - {name: TANGRAM_NATS_URL_FILE, value: /etc/tangram/nats/url}
 - {name: TANGRAM_NATS_STREAM_REPLICAS, value: {{ .Values.nats.streamReplicas | quote }}}
+{{- with .Values.nats.tls.caConfigMap }}
+- {name: TANGRAM_NATS_TLS_CA, value: {{ include "tangram.natsCaFile" $ }}}
+{{- end }}
+{{- end -}}
+
+{{/* Where the containers see the CA of a NATS that speaks TLS (nats.tls.caConfigMap). */}}
+{{- define "tangram.natsCaFile" -}}
+/etc/tangram/nats-ca/{{ .Values.nats.tls.caKey }}
+{{- end -}}
+
+{{- define "tangram.natsCaMount" -}}
+- {name: nats-ca, mountPath: /etc/tangram/nats-ca, readOnly: true}
+{{- end -}}
+
+{{- define "tangram.natsCaVolume" -}}
+- name: nats-ca
+  configMap:
+    name: {{ .Values.nats.tls.caConfigMap }}
+    items: [{key: {{ .Values.nats.tls.caKey }}, path: {{ .Values.nats.tls.caKey }}}]
 {{- end -}}
