@@ -249,6 +249,13 @@ def test_stream_replicas_follow_the_value(helm: Path) -> None:
     assert {"name": "TANGRAM_NATS_STREAM_REPLICAS", "value": "1"} in allocator["env"]
 
 
+def test_more_stream_copies_than_servers_is_refused(helm: Path) -> None:
+    with pytest.raises(chart.HelmError, match="exceeds nats.server.replicas"):
+        chart.template(settings={"nats.server.replicas": "1"}, binary=helm)
+    # an existing NATS: the chart cannot know how many servers it has
+    chart.template(settings={"nats.deploy": "false", "nats.server.replicas": "1"}, binary=helm)
+
+
 def test_existing_nats_uses_the_named_secrets(helm: Path) -> None:
     settings = {
         "nats.deploy": "false",
