@@ -250,7 +250,7 @@ def test_stream_replicas_follow_the_value(helm: Path) -> None:
 
 
 def test_more_stream_copies_than_servers_is_refused(helm: Path) -> None:
-    with pytest.raises(chart.HelmError, match="exceeds nats.server.replicas"):
+    with pytest.raises(chart.HelmError, match=r"exceeds nats\.server\.replicas"):
         chart.template(settings={"nats.server.replicas": "1"}, binary=helm)
     # an existing NATS: the chart cannot know how many servers it has
     chart.template(settings={"nats.deploy": "false", "nats.server.replicas": "1"}, binary=helm)
