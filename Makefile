@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck layers unit venv proto clean schema chromium controlplane test-kubernetes
+.PHONY: demo test lint typecheck layers unit venv proto clean schema chromium controlplane helm manifests test-kubernetes
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,7 +27,7 @@ typecheck: $(STAMP)
 layers: $(STAMP)
 	$(BIN)/lint-imports
 
-unit: $(STAMP) chromium controlplane
+unit: $(STAMP) chromium controlplane helm
 	$(BIN)/pytest -q
 
 # The web view's screenshot test drives headless Chromium (Debian's package). Installed once, as
@@ -42,6 +42,16 @@ chromium:
 # source into ~/.cache/tangram/controlplane/ (or $$XDG_CACHE_HOME); needs Go and the module proxy.
 controlplane: $(STAMP)
 	@$(BIN)/python -m tangram.kube.controlplane build
+
+# Helm, for the chart in deploy/helm/tangram: built from its Go module (helm.sh/helm/v3) once per
+# version into ~/.cache/tangram/helm/ (or $$XDG_CACHE_HOME); needs Go and the module proxy.
+helm: $(STAMP)
+	@$(BIN)/python -m tangram.kube.helm build
+
+# deploy/kubernetes/*.yaml and deploy/openshift/node-scc.yaml are `helm template` output of the
+# chart; edit the chart, then run this (the tests fail while the files differ from a fresh render).
+manifests: helm
+	$(BIN)/python -m tangram.kube.helm manifests
 
 # Only the tests that run against the real control plane (`make test` runs them too).
 test-kubernetes: controlplane

@@ -47,6 +47,10 @@ DECISION_SECONDS = Histogram(
 REBUILD_EVENTS = Gauge("tangram_allocator_rebuild_events", "Events folded at the last start")
 REBUILD_SECONDS = Gauge("tangram_allocator_rebuild_seconds", "Time the last rebuild took")
 FREE_GPUS = Gauge("tangram_allocator_free_gpus", "Whole GPUs with nothing allocated")
+STRANDED_GPUS = Gauge(
+    "tangram_allocator_stranded_gpus",
+    "Free capacity, in GPUs, on partially used GPUs: no whole-GPU claim can use it",
+)
 
 
 def load_device_classes(extra: Path | None) -> dict[str, DeviceClass]:
@@ -127,7 +131,9 @@ async def _serve(ctx: ServiceContext, settings: AllocatorSettings, tasks: list[a
             DECISION_SECONDS.observe(time.perf_counter() - started)
             outcome = "allocated" if any(isinstance(o, ClaimAllocated) for o in outputs) else "failed"
             DECISIONS.labels(outcome).inc()
-            FREE_GPUS.set(ledger.fleet.metrics().free_gpus)
+            fleet = ledger.fleet.metrics()
+            FREE_GPUS.set(fleet.free_gpus)
+            STRANDED_GPUS.set(fleet.stranded_gpus)
         for output in outputs:
             await ctx.bus.publish(output)
             if isinstance(output, ClaimFailed):

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import msgspec
+from prometheus_client import REGISTRY
 
 from services.allocator.service import run
 from services.allocator.settings import AllocatorSettings
@@ -73,6 +74,9 @@ async def test_decides_claims_and_sends_partition_commands(bus: Bus, nats_server
     commands = [e for e in await log(bus, NODES_STREAM) if isinstance(e, PartitionRequested)]
     assert [c.command_id for c in commands] == two_g.partitions
     assert commands[0].subject == "tangram.node.node-1.partition.requested"
+    # the dashboard's gauges: 8 GPUs, 4 taken whole, one cut for 2g.20gb (2 of its 8 memory slices)
+    assert REGISTRY.get_sample_value("tangram_allocator_free_gpus") == 3
+    assert REGISTRY.get_sample_value("tangram_allocator_stranded_gpus") == 6 / 8
 
 
 async def test_restart_rebuilds_state_and_never_decides_a_claim_twice(

@@ -1,5 +1,8 @@
 """Every manifest under deploy/ validates against the Kubernetes schemas (or, for OpenShift-only
-kinds, has the structure OpenShift requires), and grants only what Tangram needs."""
+kinds, has the structure OpenShift requires), and grants only what Tangram needs.
+
+deploy/kubernetes/ and deploy/openshift/ are rendered from the Helm chart (deploy/helm/, whose
+templates and values are checked in test_helm_chart.py); these tests read the rendered files."""
 
 from __future__ import annotations
 
@@ -19,6 +22,8 @@ OPENSHIFT_KINDS = {("security.openshift.io/v1", "SecurityContextConstraints")}
 def _documents() -> list[tuple[str, dict[str, Any]]]:
     found = []
     for path in sorted(DEPLOY.rglob("*.yaml")):
+        if DEPLOY / "helm" in path.parents or path.name == "kustomization.yaml":
+            continue
         for index, document in enumerate(yaml.safe_load_all(path.read_text())):
             if document is not None:
                 found.append((f"{path.relative_to(ROOT)}#{index}", document))
@@ -42,7 +47,6 @@ def test_the_expected_objects_are_shipped() -> None:
         "Namespace/tangram",
         "ServiceAccount/tangram-allocator",
         "ServiceAccount/tangram-node",
-        "ClusterRole/tangram-allocator",
         "ClusterRole/tangram-node",
         "Deployment/tangram-allocator",
         "DaemonSet/tangram-node",
@@ -109,29 +113,25 @@ def _grants(role: dict[str, Any]) -> set[tuple[str, str, str]]:
     }
 
 
-def test_allocator_rbac_is_least_privilege() -> None:
-    assert _grants(_by_kind("ClusterRole", "tangram-allocator")) == {
-        ("resource.k8s.io", "resourceclaims", "get"),
-        ("resource.k8s.io", "resourceclaims", "list"),
-        ("resource.k8s.io", "resourceclaims", "watch"),
-        ("resource.k8s.io", "resourceclaims/status", "update"),
-        ("resource.k8s.io", "resourceslices", "list"),
-        ("resource.k8s.io", "resourceslices", "watch"),
-        ("resource.k8s.io", "deviceclasses", "list"),
-        ("resource.k8s.io", "deviceclasses", "watch"),
-    }
-    # Leader election runs over NATS, so the allocator needs no Kubernetes Lease rights.
-    namespaced = [
-        f"{d['kind']}/{d['metadata']['name']}" for _, d in DOCUMENTS if d["kind"] in ("Role", "RoleBinding")
+def test_allocator_has_no_kubernetes_rights() -> None:
+    # Claims and decisions travel over NATS and leader election is a NATS key-value lease: the
+    # allocator calls no Kubernetes API, so it has no role, no binding and no token.
+    rbac = [
+        f"{d['kind']}/{d['metadata']['name']}"
+        for _, d in DOCUMENTS
+        if d["kind"] in ("Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
     ]
-    assert not [name for name in namespaced if "allocator" in name]
+    assert not [name for name in rbac if "allocator" in name]
+    assert _by_kind("ServiceAccount", "tangram-allocator")["automountServiceAccountToken"] is False
+    pod = _by_kind("Deployment", "tangram-allocator")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
 
 
 def test_node_rbac_is_least_privilege() -> None:
     assert _grants(_by_kind("ClusterRole", "tangram-node")) == {
         ("resource.k8s.io", "resourceslices", verb)
         for verb in ("create", "update", "delete", "get", "list", "watch")
-    } | {("", "nodes", "get"), ("resource.k8s.io", "resourceclaims", "get")}
+    } | {("", "nodes", "get")}
 
 
 def test_no_role_is_cluster_admin_like() -> None:

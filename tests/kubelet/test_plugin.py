@@ -10,6 +10,7 @@ import msgspec
 
 from tangram.events import ClaimPrepared, ClaimUnprepared, MigPlacement, PartitionApplied
 from tangram.kubelet import InMemoryAllocationSource
+from tangram.kubelet.servicers import PREPARE_SECONDS
 from tests.kubelet.conftest import PluginHarness
 from tests.kubelet.fakes import (
     GPU1,
@@ -248,3 +249,17 @@ async def test_whole_gpu_still_in_mig_mode_waits_until_mig_is_off(harness: Plugi
     answers = await call
     assert answers[UID_A].error == ""
     assert answers[UID_A].devices == [(["gpu"], NODE, "gpu-1", [f"gpu.tangram.dev/claim={UID_A}-gpu-1"])]
+
+
+async def test_each_prepare_call_is_timed(harness: PluginHarness) -> None:
+    # the dashboard's prepare latency: one observation per NodePrepareResources call
+    def count() -> float:
+        return next(
+            s.value for m in PREPARE_SECONDS.collect() for s in m.samples if s.name.endswith("_count")
+        )
+
+    before = count()
+    harness.source.observe(whole_gpu_allocation(UID_B, gpu=1))
+    await harness.kubelet.prepare(harness.endpoint, [("default", "a", UID_B)])
+    await harness.kubelet.prepare(harness.endpoint, [("default", "a", UID_B)])
+    assert count() == before + 2

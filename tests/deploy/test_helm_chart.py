@@ -1,0 +1,756 @@
+"""The Helm chart in deploy/helm/tangram, for its default values, OpenShift and an existing NATS:
+`helm lint --strict` passes; every object `helm template` renders is strictly valid for
+Kubernetes 1.34, 1.35 and 1.36 (CRD kinds by their own structure) and accepted by a real 1.34 API
+server (server-side apply, dry run, strict field validation); the pods are what the services
+need and no more; and deploy/kubernetes/ is exactly the chart's render, never a second copy.
+
+Helm comes from `make helm` (built from its Go module, tangram.kube.helm).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes_asyncio.client import CoreV1Api, V1Namespace, V1ObjectMeta
+
+from tangram.kube import call
+from tangram.kube import helm as chart
+from tests.deploy.test_compose_and_image import _settings_env_vars
+
+ROOT = Path(__file__).resolve().parents[2]
+HELM_DIR = ROOT / "deploy" / "helm"
+VERSIONS = ["1.34", "1.35", "1.36"]
+VALUE_SETS: dict[str, list[Path]] = {
+    "default": [],
+    "openshift": [HELM_DIR / "openshift-values.yaml"],
+    "existing-nats": [HELM_DIR / "existing-nats-values.yaml"],
+}
+# Every optional object on, and the switches that change pod specs flipped.
+EVERYTHING = {
+    "namespace.create": "true",
+    "metrics.serviceMonitor.enabled": "true",
+    "grafana.dashboard.enabled": "true",
+    "openshift.enabled": "true",
+    "nats.tls.caConfigMap": "nats-ca",
+}
+CRD_KINDS = {
+    ("security.openshift.io/v1", "SecurityContextConstraints"),
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+}
+WORKLOADS = ("Deployment", "DaemonSet", "StatefulSet", "Job")
+NODE_HOST_PATHS = {
+    "/etc/tangram/nats",
+    "/dev",
+    "/var/lib/kubelet/plugins",
+    "/var/lib/kubelet/plugins_registry",
+    "/var/run/cdi",
+    "/",
+}
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    # not built: fails here with "run `make helm`" (make test builds it first)
+    path = chart.find_binary()
+    assert path.exists(), f"{path} missing: run `make helm`"
+    return path
+
+
+def _objects(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+@pytest.fixture(scope="module")
+def rendered(helm: Path) -> dict[str, list[dict[str, Any]]]:
+    out = {name: _objects(chart.template(values, binary=helm)) for name, values in VALUE_SETS.items()}
+    out["everything"] = _objects(chart.template(settings=EVERYTHING, binary=helm))
+    return out
+
+
+def _one(objects: list[dict[str, Any]], kind: str, suffix: str) -> dict[str, Any]:
+    name = f"tangram-{suffix}" if suffix else "tangram"
+    found = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind}/{name}: {len(found)} rendered"
+    return found[0]
+
+
+def _pod(obj: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = obj["spec"]["template"]["spec"]
+    return spec
+
+
+def _containers(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in _pod(obj)["containers"]}
+
+
+# --- lint and schema -------------------------------------------------------------------------
+
+
+def test_helm_is_the_pinned_release(helm: Path) -> None:
+    assert chart.version(binary=helm) == chart.HELM_VERSION == "v3.19.0"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("value_set", [*VALUE_SETS, "everything"])
+def test_helm_lint_is_clean(helm: Path, value_set: str, version: str) -> None:
+    values = VALUE_SETS.get(value_set, [])
+    settings = EVERYTHING if value_set == "everything" else {}
+    output = chart.lint(values, settings, kube_version=f"{version}.0", binary=helm)
+    assert "1 chart(s) linted, 0 chart(s) failed" in output
+    assert "[ERROR]" not in output and "[WARNING]" not in output
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "why"),
+    [
+        ("allocator.resources", "oops", "got string, want object"),
+        ("allocator.replica", "2", "additional properties 'replica' not allowed"),
+        ("node.cleanOrphans", "some", "value must be one of"),
+        ("nats.server.replicas", "2", "value must be one of"),
+    ],
+)
+def test_lint_refuses_a_wrong_value(helm: Path, key: str, value: str, why: str) -> None:
+    # the lint test above can fail: the values schema refuses mistakes before anything renders
+    with pytest.raises(chart.HelmError, match=why):
+        chart.lint(settings={key: value}, binary=helm)
+
+
+def test_the_chart_refuses_kubernetes_before_1_34(helm: Path) -> None:
+    # resource.k8s.io/v1 (DeviceClasses, ResourceSlices) is served from 1.34 on
+    with pytest.raises(chart.HelmError, match="kubeVersion"):
+        chart.template(kube_version="1.33.0", binary=helm)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("value_set", [*VALUE_SETS, "everything"])
+def test_every_rendered_object_validates_strictly(
+    rendered: dict[str, list[dict[str, Any]]], value_set: str, version: str
+) -> None:
+    checked = 0
+    for obj in rendered[value_set]:
+        if (obj["apiVersion"], obj["kind"]) in CRD_KINDS:
+            continue
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            raise AssertionError(f"{obj['kind']}/{obj['metadata']['name']} on {version}: {error}") from error
+        checked += 1
+    assert checked >= 10
+
+
+def test_a_misspelt_field_fails_strict_validation() -> None:
+    bad = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "x"}, "automountToken": False}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, "1.34", strict=True)
+
+
+def test_the_value_sets_render_what_they_say(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    def kinds(value_set: str) -> set[str]:
+        return {f"{o['kind']}/{o['metadata']['name']}" for o in rendered[value_set]}
+
+    nats = {
+        "StatefulSet/tangram-nats",
+        "ConfigMap/tangram-nats-config",
+        "Service/tangram-nats",
+        "Service/tangram-nats-headless",
+        "PodDisruptionBudget/tangram-nats",
+    }
+    always = {
+        "ServiceAccount/tangram-allocator",
+        "ServiceAccount/tangram-node",
+        "ClusterRole/tangram-node",
+        "ClusterRoleBinding/tangram-node",
+        "Deployment/tangram-allocator",
+        "DaemonSet/tangram-node",
+        "Job/tangram-nats-streams",
+        "DeviceClass/gpu.tangram.dev",
+        "DeviceClass/mig.gpu.tangram.dev",
+        "ValidatingAdmissionPolicy/tangram-resourceslices-own-node",
+        "ValidatingAdmissionPolicyBinding/tangram-resourceslices-own-node",
+    }
+    openshift = {
+        "SecurityContextConstraints/tangram-node",
+        "ClusterRole/tangram-node-scc",
+        "RoleBinding/tangram-node-scc",
+    }
+    assert kinds("default") == always | nats
+    assert kinds("existing-nats") == always
+    assert openshift | always | nats <= kinds("openshift")
+    assert "ServiceMonitor/tangram" in kinds("openshift")
+    assert {"Namespace/tangram", "ConfigMap/tangram-dashboard", "ServiceMonitor/tangram"} <= kinds(
+        "everything"
+    )
+    for objects in rendered.values():
+        namespaced = [o for o in objects if o["kind"] not in _CLUSTER_SCOPED]
+        assert {o["metadata"].get("namespace") for o in namespaced} == {"tangram"}
+
+
+_CLUSTER_SCOPED = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "DeviceClass",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+    "SecurityContextConstraints",
+}
+
+
+# --- NATS ------------------------------------------------------------------------------------
+
+
+def test_nats_is_three_servers_on_persistent_volumes(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    objects = rendered["default"]
+    nats = _one(objects, "StatefulSet", "nats")
+    assert nats["spec"]["replicas"] == 3 and nats["spec"]["podManagementPolicy"] == "Parallel"
+    (claim,) = nats["spec"]["volumeClaimTemplates"]
+    assert claim["metadata"]["name"] == "data" and claim["spec"]["resources"]["requests"]["storage"] == "10Gi"
+    mounts = {m["name"]: m["mountPath"] for m in _containers(nats)["nats"]["volumeMounts"]}
+    assert mounts["data"] == "/data/jetstream"
+    config = _one(objects, "ConfigMap", "nats-config")["data"]["nats.conf"]
+    for n in range(3):
+        assert f"nats-route://tangram-nats-{n}.tangram-nats-headless.tangram.svc:6222" in config
+    assert 'store_dir: "/data/jetstream"' in config
+
+
+@pytest.mark.parametrize("value_set", list(VALUE_SETS))
+def test_every_user_of_nats_replicates_streams_three_times(
+    rendered: dict[str, list[dict[str, Any]]], value_set: str
+) -> None:
+    objects = rendered[value_set]
+    users = 0
+    for obj in objects:
+        if obj["kind"] not in ("Deployment", "DaemonSet"):
+            continue
+        for container in _pod(obj)["containers"]:
+            env = {e["name"]: e.get("value") for e in container["env"]}
+            assert env["TANGRAM_NATS_STREAM_REPLICAS"] == "3", container["name"]
+            assert env["TANGRAM_NATS_URL_FILE"] == "/etc/tangram/nats/url"
+            users += 1
+    assert users == 4
+    job = _containers(_one(objects, "Job", "nats-streams"))["streams"]
+    assert "stream_replicas=3)" in job["command"][-1]
+
+
+def test_stream_replicas_follow_the_value(helm: Path) -> None:
+    objects = _objects(
+        chart.template(settings={"nats.deploy": "false", "nats.streamReplicas": "1"}, binary=helm)
+    )
+    job = _containers(_one(objects, "Job", "nats-streams"))["streams"]
+    assert "stream_replicas=1)" in job["command"][-1]
+    allocator = _containers(_one(objects, "Deployment", "allocator"))["allocator"]
+    assert {"name": "TANGRAM_NATS_STREAM_REPLICAS", "value": "1"} in allocator["env"]
+
+
+def test_more_stream_copies_than_servers_is_refused(helm: Path) -> None:
+    with pytest.raises(chart.HelmError, match=r"exceeds nats\.server\.replicas"):
+        chart.template(settings={"nats.server.replicas": "1"}, binary=helm)
+    # an existing NATS: the chart cannot know how many servers it has
+    chart.template(settings={"nats.deploy": "false", "nats.server.replicas": "1"}, binary=helm)
+
+
+def test_existing_nats_uses_the_named_secrets(helm: Path) -> None:
+    settings = {
+        "nats.deploy": "false",
+        "nats.urlSecrets.admin": "messaging-admin",
+        "nats.urlSecrets.allocator": "messaging-tangram",
+    }
+    objects = _objects(chart.template(settings=settings, binary=helm))
+    job = _pod(_one(objects, "Job", "nats-streams"))
+    assert job["volumes"][0]["secret"]["secretName"] == "messaging-admin"
+    allocator = _pod(_one(objects, "Deployment", "allocator"))
+    assert allocator["volumes"][0]["secret"]["secretName"] == "messaging-tangram"
+    assert not [o for o in objects if o["kind"] == "StatefulSet"]
+
+
+def test_a_tls_nats_is_verified_with_the_given_ca(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    objects = rendered["everything"]
+    workloads = [
+        _one(objects, "Deployment", "allocator"),
+        _one(objects, "DaemonSet", "node"),
+        _one(objects, "Job", "nats-streams"),
+    ]
+    for workload in workloads:
+        pod = _pod(workload)
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "nats-ca"]
+        assert volume["configMap"] == {"name": "nats-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+        for container in pod["containers"]:
+            mounts = {m["name"]: m for m in container["volumeMounts"]}
+            assert mounts["nats-ca"] == {
+                "name": "nats-ca",
+                "mountPath": "/etc/tangram/nats-ca",
+                "readOnly": True,
+            }
+            env = {e["name"]: e.get("value") for e in container.get("env", [])}
+            if workload["kind"] != "Job":
+                assert env["TANGRAM_NATS_TLS_CA"] == "/etc/tangram/nats-ca/ca.crt", container["name"]
+    job = _containers(_one(objects, "Job", "nats-streams"))["streams"]
+    assert 'tls_ca_file="/etc/tangram/nats-ca/ca.crt"' in job["command"][-1]
+    # and without a CA, nothing of it
+    for obj in rendered["default"]:
+        assert "nats-ca" not in json.dumps(obj), obj["metadata"]["name"]
+
+
+# --- pods ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value_set", [*VALUE_SETS, "everything"])
+def test_host_paths_only_on_the_node_pod_and_only_the_expected_ones(
+    rendered: dict[str, list[dict[str, Any]]], value_set: str
+) -> None:
+    for obj in rendered[value_set]:
+        if obj["kind"] in WORKLOADS and obj["kind"] != "DaemonSet":
+            assert not [v for v in _pod(obj).get("volumes", []) if "hostPath" in v], obj["metadata"]["name"]
+    node = _pod(_one(rendered[value_set], "DaemonSet", "node"))
+    host = {v["name"]: v["hostPath"] for v in node["volumes"] if "hostPath" in v}
+    assert {h["path"] for h in host.values()} == NODE_HOST_PATHS
+    mounts = {c["name"]: {m["name"]: m for m in c["volumeMounts"]} for c in node["containers"]}
+    # The host's / only read-only, and only in cdi; /dev only in the partitioner.
+    assert mounts["cdi"]["driver-root"]["readOnly"] is True
+    assert [c for c, m in mounts.items() if "driver-root" in m] == ["cdi"]
+    assert [c for c, m in mounts.items() if "dev" in m] == ["partitioner"]
+    for container, used in mounts.items():
+        assert used["nats-credentials"]["readOnly"] is True, container
+
+
+@pytest.mark.parametrize("value_set", [*VALUE_SETS, "everything"])
+def test_only_the_partitioner_is_privileged(
+    rendered: dict[str, list[dict[str, Any]]], value_set: str
+) -> None:
+    privileged = set()
+    for obj in rendered[value_set]:
+        if obj["kind"] not in WORKLOADS:
+            continue
+        pod = _pod(obj)
+        assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
+        for container in pod["containers"]:
+            context = container["securityContext"]
+            if context.get("privileged"):
+                privileged.add(f"{obj['kind']}/{container['name']}")
+                continue
+            assert context["allowPrivilegeEscalation"] is False, container["name"]
+            assert context["capabilities"] == {"drop": ["ALL"]}, container["name"]
+            assert context["readOnlyRootFilesystem"] is True, container["name"]
+    assert privileged == {"DaemonSet/partitioner"}
+
+
+@pytest.mark.parametrize("value_set", [*VALUE_SETS, "everything"])
+def test_services_probe_healthz_and_readyz_on_their_ports(
+    rendered: dict[str, list[dict[str, Any]]], value_set: str
+) -> None:
+    expected = {"allocator": 8080, "discovery": 8081, "partitioner": 8082, "cdi": 8083}
+    seen = {}
+    for kind, suffix in (("Deployment", "allocator"), ("DaemonSet", "node")):
+        for container in _containers(_one(rendered[value_set], kind, suffix)).values():
+            env = {e["name"]: e.get("value") for e in container["env"]}
+            ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+            live, ready = container["livenessProbe"]["httpGet"], container["readinessProbe"]["httpGet"]
+            assert live["path"] == "/healthz" and ready["path"] == "/readyz", container["name"]
+            assert live["port"] == ready["port"] and live["port"] in ports, container["name"]
+            # the probes reach the port the service listens on, on every interface
+            assert str(ports[live["port"]]) == env["TANGRAM_HEALTH_PORT"]
+            assert env["TANGRAM_HEALTH_HOST"] == "0.0.0.0"
+            seen[container["name"]] = ports[live["port"]]
+    assert seen == expected
+
+
+def test_allocator_runs_two_replicas_rolled_one_at_a_time(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    for value_set in VALUE_SETS:
+        deployment = _one(rendered[value_set], "Deployment", "allocator")
+        assert deployment["spec"]["replicas"] == 2
+        assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": 1, "maxSurge": 0}
+        assert _containers(deployment)["allocator"]["startupProbe"]["httpGet"]["path"] == "/healthz"
+
+
+def test_node_pod_runs_only_on_gpu_nodes_and_runtime_class_is_optional(
+    helm: Path, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    node = _pod(_one(rendered["default"], "DaemonSet", "node"))
+    assert node["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert node["runtimeClassName"] == "nvidia"
+    assert node["serviceAccountName"] == "tangram-node"
+    bare = _objects(chart.template(settings={"node.runtimeClassName": ""}, binary=helm))
+    assert "runtimeClassName" not in _pod(_one(bare, "DaemonSet", "node"))
+
+
+def test_gpu_operator_driver_root_is_seen_under_the_host_mount(helm: Path) -> None:
+    objects = _objects(chart.template(settings={"node.driverRoot": "/run/nvidia/driver"}, binary=helm))
+    env = {e["name"]: e.get("value") for e in _containers(_one(objects, "DaemonSet", "node"))["cdi"]["env"]}
+    assert env["TANGRAM_DRIVER_ROOT"] == "/run/nvidia/driver"
+    assert env["TANGRAM_DRIVER_ROOT_MOUNT"] == "/driver-root/run/nvidia/driver"
+
+
+@pytest.mark.parametrize("value_set", [*VALUE_SETS, "everything"])
+def test_the_environment_is_read_by_the_services(
+    rendered: dict[str, list[dict[str, Any]]], value_set: str
+) -> None:
+    known = _settings_env_vars() | {"TANGRAM_NATS_URL_FILE"}  # read by the image's entry point
+    for kind, suffix in (("Deployment", "allocator"), ("DaemonSet", "node")):
+        for container in _containers(_one(rendered[value_set], kind, suffix)).values():
+            names = {e["name"] for e in container["env"] if e["name"].startswith("TANGRAM_")}
+            assert names <= known, (container["name"], names - known)
+
+
+def test_openshift_lets_restricted_v2_choose_the_uid(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    for value_set, pinned in (("default", True), ("openshift", False)):
+        for kind, suffix in (("Deployment", "allocator"), ("StatefulSet", "nats"), ("Job", "nats-streams")):
+            context = _pod(_one(rendered[value_set], kind, suffix))["securityContext"]
+            assert ("runAsUser" in context) is pinned, (value_set, kind)
+            assert ("fsGroup" in context) is pinned, (value_set, kind)
+            assert context["runAsNonRoot"] is True
+
+
+def test_security_context_constraints_allow_only_the_node_pod(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    scc = _one(rendered["openshift"], "SecurityContextConstraints", "node")
+    for strategy in ("runAsUser", "seLinuxContext", "fsGroup", "supplementalGroups"):
+        assert isinstance(scc[strategy]["type"], str)
+    assert scc["users"] == [] and scc["groups"] == []
+    assert not (
+        scc["allowHostNetwork"] or scc["allowHostPID"] or scc["allowHostIPC"] or scc["allowHostPorts"]
+    )
+    assert scc["allowPrivilegedContainer"] is True and scc["allowHostDirVolumePlugin"] is True
+    # every volume the node pod uses is allowed
+    node = _pod(_one(rendered["openshift"], "DaemonSet", "node"))
+    used = {next(k for k in v if k != "name") for v in node["volumes"]}
+    assert used <= set(scc["volumes"])
+    role = _one(rendered["openshift"], "ClusterRole", "node-scc")
+    assert role["rules"] == [
+        {
+            "apiGroups": ["security.openshift.io"],
+            "resources": ["securitycontextconstraints"],
+            "resourceNames": ["tangram-node"],
+            "verbs": ["use"],
+        }
+    ]
+    binding = _one(rendered["openshift"], "RoleBinding", "node-scc")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "tangram-node", "namespace": "tangram"}]
+
+
+# --- RBAC against the code -------------------------------------------------------------------
+
+# Every Kubernetes API call the services' code makes (kubernetes_asyncio method -> the RBAC
+# grant it needs). All are discovery's, in the node pod; the allocator, partitioner and cdi make
+# none. A new call fails test_rbac_grants_exactly_the_calls_the_code_makes until listed here.
+CALLS = {
+    "create_resource_slice": ("resource.k8s.io", "resourceslices", "create"),
+    "replace_resource_slice": ("resource.k8s.io", "resourceslices", "update"),
+    "delete_resource_slice": ("resource.k8s.io", "resourceslices", "delete"),
+    "read_resource_slice": ("resource.k8s.io", "resourceslices", "get"),
+    "list_resource_slice": ("resource.k8s.io", "resourceslices", "list"),
+    "watch:list_resource_slice": ("resource.k8s.io", "resourceslices", "watch"),
+    "read_node": ("", "nodes", "get"),
+}
+# Code under libs/ that services never run: the tests' control plane and this chart's tooling.
+NOT_SERVICE_CODE = {"controlplane.py", "helm.py"}
+_API_CALL = re.compile(r"\.((?:create|read|replace|patch|delete|list|watch)_(?:namespaced_)?[a-z_]+?)\(")
+
+
+def _api_calls() -> set[str]:
+    calls = set()
+    for folder in (ROOT / "libs" / "tangram", ROOT / "services"):
+        for path in folder.rglob("*.py"):
+            if path.name in NOT_SERVICE_CODE:
+                continue
+            text = path.read_text()
+            if "kubernetes_asyncio" not in text:
+                continue
+            for name in _API_CALL.findall(text):
+                if name.endswith(("_task", "_text", "_bytes")):
+                    continue
+                calls.add(name)
+            if re.search(r"Watch\(\)", text):
+                calls.add("watch:list_resource_slice")
+    return calls
+
+
+def test_rbac_grants_exactly_the_calls_the_code_makes(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    assert _api_calls() == set(CALLS)
+    for value_set in VALUE_SETS:
+        objects = rendered[value_set]
+        role = _one(objects, "ClusterRole", "node")
+        grants = {
+            (group, resource, verb)
+            for rule in role["rules"]
+            for group in rule["apiGroups"]
+            for resource in rule["resources"]
+            for verb in rule["verbs"]
+        }
+        assert grants == set(CALLS.values())
+        assert not [o for o in objects if "allocator" in o["metadata"]["name"] and "Role" in o["kind"]]
+
+
+def test_only_discovery_code_talks_to_kubernetes() -> None:
+    for service in ("allocator", "partitioner", "cdi"):
+        for path in (ROOT / "services" / service).rglob("*.py"):
+            text = path.read_text()
+            assert "kubernetes_asyncio" not in text, path
+            assert not re.search(r"\btangram\.kube\b(?!let)", text), path
+
+
+# --- metrics ---------------------------------------------------------------------------------
+
+
+def _defined_metrics() -> dict[str, str]:
+    pattern = re.compile(r"\b(Counter|Gauge|Histogram)\(\s*\"(tangram_[a-z_]+)\"")
+    found: dict[str, str] = {}
+    for folder in (ROOT / "libs" / "tangram", ROOT / "services"):
+        for path in folder.rglob("*.py"):
+            for kind, name in pattern.findall(path.read_text()):
+                found[name] = kind
+    return found
+
+
+def _series(metric: str, kind: str) -> set[str]:
+    if kind == "Histogram":
+        return {f"{metric}_bucket", f"{metric}_count", f"{metric}_sum"}
+    return {metric}
+
+
+def test_the_dashboard_uses_only_metrics_the_services_export(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    configmap = _one(rendered["everything"], "ConfigMap", "dashboard")
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(configmap["data"]["tangram.json"])
+    exported = {s for name, kind in _defined_metrics().items() for s in _series(name, kind)}
+    titles = set()
+    for panel in dashboard["panels"]:
+        titles.add(panel["title"])
+        for target in panel["targets"]:
+            used = set(re.findall(r"\btangram_[a-z_]+", target["expr"]))
+            assert used and used <= exported, (panel["title"], used - exported)
+    for wanted in (
+        "Claims decided, by outcome",
+        "Decision latency",
+        "MIG commands, by action",
+        "Prepare latency",
+        "Free GPUs",
+        "Stranded GPUs",
+    ):
+        assert wanted in titles
+
+
+def test_the_service_monitor_scrapes_every_metrics_port(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    objects = rendered["everything"]
+    monitor = _one(objects, "ServiceMonitor", "")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["tangram"]}
+    endpoints = {e["port"]: e for e in monitor["spec"]["endpoints"]}
+    assert {e["path"] for e in endpoints.values()} == {"/metrics"}
+    selector = monitor["spec"]["selector"]
+    services = [o for o in objects if o["kind"] == "Service" and o["metadata"]["name"].endswith("-metrics")]
+    ports = set()
+    for service in services:
+        labels = service["metadata"]["labels"]
+        assert all(labels[k] == v for k, v in selector["matchLabels"].items())
+        (expression,) = selector["matchExpressions"]
+        assert labels[expression["key"]] in expression["values"]
+        for port in service["spec"]["ports"]:
+            ports.add(port["name"])
+            # the Service's port reaches a named container port that serves /metrics
+            workload = _one(
+                objects,
+                "Deployment" if "allocator" in service["metadata"]["name"] else "DaemonSet",
+                "allocator" if "allocator" in service["metadata"]["name"] else "node",
+            )
+            named = {p["name"] for c in _pod(workload)["containers"] for p in c["ports"]}
+            assert port["targetPort"] in named
+    assert ports == set(endpoints) == {"health", "discovery", "partitioner", "cdi"}
+
+
+# --- the plain manifests are the chart's render ----------------------------------------------
+
+
+def test_committed_manifests_are_a_fresh_render(helm: Path) -> None:
+    fresh = chart.render_manifests(binary=helm)
+    committed = {
+        path.relative_to(ROOT): path.read_text()
+        for folder in ("deploy/kubernetes", "deploy/openshift")
+        for path in (ROOT / folder).glob("*.yaml")
+    }
+    assert set(committed) == set(fresh), "run `make manifests`"
+    stale = [str(path) for path, text in fresh.items() if committed[path] != text]
+    assert not stale, f"{stale} differ from the chart's render: run `make manifests`"
+
+
+def test_kustomizations_list_every_manifest() -> None:
+    deploy = ROOT / "deploy"
+    for folder in ("kubernetes", "openshift", "deviceclasses"):
+        kustomization = yaml.safe_load((deploy / folder / "kustomization.yaml").read_text())
+        assert kustomization["kind"] == "Kustomization"
+        files = {p.name for p in (deploy / folder).glob("*.yaml") if p.name != "kustomization.yaml"}
+        listed = set(kustomization["resources"])
+        assert files <= listed, folder
+        for resource in listed - files:
+            # the others are folders with a kustomization of their own
+            assert (deploy / folder / resource / "kustomization.yaml").exists(), (folder, resource)
+
+
+def test_split_by_template_keeps_every_document() -> None:
+    text = (
+        "---\n# Source: tangram/templates/a.yaml\nkind: A\n---\n# Source: tangram/templates/b.yaml\n"
+        "kind: B\n---\n# Source: tangram/templates/a.yaml\n# a comment\nkind: C\n"
+    )
+    assert chart.split_by_template(text) == {
+        "templates/a.yaml": "kind: A\n---\n# a comment\nkind: C\n",
+        "templates/b.yaml": "kind: B\n",
+    }
+
+
+# --- the real API server ---------------------------------------------------------------------
+
+
+class Refused(AssertionError):
+    """The API server answered with an error status."""
+
+
+async def _request(kube: Any, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+    # unparsed responses do not raise on error statuses: read the status here
+    response = await kube.call_api(
+        path,
+        method,
+        auth_settings=["BearerToken"],
+        _preload_content=False,
+        _return_http_data_only=True,
+        **kwargs,
+    )
+    body = await response.read()
+    if response.status >= 300:
+        raise Refused(f"{method} {path}: {response.status} {body.decode(errors='replace')}")
+    answer: dict[str, Any] = json.loads(body)
+    return answer
+
+
+async def _resources(kube: Any, api_version: str) -> dict[str, dict[str, Any]]:
+    path = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    listing = await _request(kube, "GET", path, header_params={"Accept": "application/json"})
+    return {r["kind"]: r for r in listing["resources"] if "/" not in r["name"]}
+
+
+async def _apply_dry_run(kube: Any, obj: dict[str, Any], resources: dict[str, Any]) -> dict[str, Any]:
+    """Server-side apply with dryRun=All and strict field validation: what the server would store."""
+    resource = resources[obj["kind"]]
+    base = "/api/v1" if obj["apiVersion"] == "v1" else f"/apis/{obj['apiVersion']}"
+    namespace = f"/namespaces/{obj['metadata']['namespace']}" if resource["namespaced"] else ""
+    path = f"{base}{namespace}/{resource['name']}/{obj['metadata']['name']}"
+    return await _request(
+        kube,
+        "PATCH",
+        path,
+        query_params=[
+            ("dryRun", "All"),
+            ("fieldManager", "tangram-chart-test"),
+            ("fieldValidation", "Strict"),
+        ],
+        header_params={"Content-Type": "application/apply-patch+yaml", "Accept": "application/json"},
+        body=obj,
+    )
+
+
+def _in_namespace(objects: list[dict[str, Any]], namespace: str) -> Iterator[dict[str, Any]]:
+    for obj in objects:
+        if (obj["apiVersion"], obj["kind"]) in CRD_KINDS:
+            continue
+        if obj["kind"] == "Namespace":
+            obj["metadata"]["name"] = namespace
+        yield obj
+
+
+@pytest.mark.controlplane
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("value_set", [*VALUE_SETS, "everything"])
+async def test_the_api_server_accepts_every_object(
+    kube: Any, unique: str, helm: Path, value_set: str
+) -> None:
+    namespace = unique[-20:].strip("-")
+    body = V1Namespace(metadata=V1ObjectMeta(name=namespace))
+    await call(f"create Namespace {namespace}", CoreV1Api(kube).create_namespace(body))
+    try:
+        values = VALUE_SETS.get(value_set, [])
+        settings = EVERYTHING if value_set == "everything" else {}
+        objects = _objects(chart.template(values, settings, namespace=namespace, binary=helm))
+        discovered: dict[str, dict[str, Any]] = {}
+        applied = []
+        for obj in _in_namespace(objects, namespace):
+            if obj["apiVersion"] not in discovered:
+                discovered[obj["apiVersion"]] = await _resources(kube, obj["apiVersion"])
+            stored = await _apply_dry_run(kube, obj, discovered[obj["apiVersion"]])
+            assert stored["kind"] == obj["kind"] and stored["metadata"]["name"] == obj["metadata"]["name"]
+            applied.append(obj["kind"])
+        assert len(applied) == len([o for o in objects if (o["apiVersion"], o["kind"]) not in CRD_KINDS])
+        assert {"DaemonSet", "Deployment", "Job", "ValidatingAdmissionPolicy", "DeviceClass"} <= set(applied)
+    finally:
+        await call(f"delete Namespace {namespace}", CoreV1Api(kube).delete_namespace(namespace))
+
+
+@pytest.mark.controlplane
+@pytest.mark.timeout(300)
+async def test_the_api_server_refuses_an_unknown_field(kube: Any, helm: Path) -> None:
+    # the acceptance above means something: strict validation refuses what the schema lacks
+    objects = _objects(chart.template(binary=helm))
+    role = dict(_one(objects, "ClusterRole", "node"))
+    role["rulez"] = [{"verbs": ["get"]}]
+    resources = await _resources(kube, "rbac.authorization.k8s.io/v1")
+    with pytest.raises(Refused, match=r"\.rulez: field not declared in schema"):
+        await _apply_dry_run(kube, role, resources)
+    # and a dry run stores nothing
+    with pytest.raises(Refused, match="404"):
+        await _request(kube, "GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles/tangram-node")
+
+
+@pytest.mark.controlplane
+@pytest.mark.timeout(300)
+async def test_helm_installs_and_uninstalls_the_chart(
+    controlplane: Any, kube: Any, unique: str, helm: Path
+) -> None:
+    # A release named without "tangram" prefixes every name, cluster-scoped ones included, so it
+    # cannot collide with anything else on the shared control plane; the DeviceClasses have fixed
+    # names and are checked by the dry run above. No hooks: the streams Job waits for a NATS that
+    # cannot run without a kubelet.
+    release, namespace = f"r{unique[-6:]}", unique[-20:].strip("-")
+    kubeconfig = ["--kubeconfig", str(controlplane.kubeconfig), "--namespace", namespace]
+    settings = ["--set", "deviceClasses.create=false"]
+    try:
+        notes = chart.run(
+            [
+                "install",
+                release,
+                str(chart.chart_dir()),
+                "--create-namespace",
+                "--no-hooks",
+                *settings,
+                *kubeconfig,
+            ],
+            binary=helm,
+        )
+        assert "STATUS: deployed" in notes and f"installed in namespace {namespace}" in notes
+        prefix = f"/apis/apps/v1/namespaces/{namespace}"
+        daemonset = await _request(kube, "GET", f"{prefix}/daemonsets/{release}-tangram-node")
+        assert daemonset["spec"]["template"]["spec"]["serviceAccountName"] == f"{release}-tangram-node"
+        deployment = await _request(kube, "GET", f"{prefix}/deployments/{release}-tangram-allocator")
+        assert deployment["spec"]["replicas"] == 2
+        nats = await _request(kube, "GET", f"{prefix}/statefulsets/{release}-tangram-nats")
+        assert nats["spec"]["replicas"] == 3
+        policy = await _request(
+            kube,
+            "GET",
+            f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/{release}-tangram-resourceslices-own-node",
+        )
+        condition = policy["spec"]["matchConditions"][0]["expression"]
+        assert f"system:serviceaccount:{namespace}:{release}-tangram-node" in condition
+        chart.run(["uninstall", release, "--wait", *kubeconfig], binary=helm)
+        with pytest.raises(Refused, match="404"):
+            await _request(
+                kube, "GET", f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{release}-tangram-node"
+            )
+    finally:
+        await CoreV1Api(kube).delete_namespace(namespace)
