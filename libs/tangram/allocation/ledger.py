@@ -131,8 +131,8 @@ class Ledger:
         """Why a create or disable-mig result answers no command this allocator sent to its node.
 
         Only such results change a claim: a node cannot fail, or name the instance of, another
-        node's claim by quoting its command id or claim uid. Destroy results speak of the node's own instances
-        only (the subject names the node), so any the node sends is taken.
+        node's claim by quoting its command id or claim uid. Destroy results speak of the node's
+        own instances only (the subject names the node), so any the node sends is taken.
         """
         if result.action == "destroy":
             return None
