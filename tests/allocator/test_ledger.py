@@ -343,14 +343,15 @@ def test_an_instance_being_destroyed_is_never_handed_to_another_claim() -> None:
 
 def test_an_instance_whose_destroy_was_applied_is_gone_even_from_a_late_inventory() -> None:
     book = ledger()
-    _, _, after, destroy = _made_and_released(book)
+    _, before, after, destroy = _made_and_released(book)
     applied = PartitionApplied(
         key="n1", command_id=destroy.command_id, node="n1", action="destroy", gpu_uuid=destroy.gpu_uuid,
         gpu_index=destroy.gpu_index, profile=destroy.profile, placement=destroy.placement,
         claim_uid=destroy.claim_uid, mig_uuid=destroy.mig_uuid,
     )  # fmt: skip
     assert book.apply(applied) == []
-    book.apply(after, live=False)  # read before the destroy: it still lists the instance
+    book.apply(before, live=False)  # the partitioner's read after the destroy: the instance is gone
+    book.apply(after, live=False)  # discovery's, read before the destroy and arriving last, lists it
     outputs = book.apply(request(2, mig("7g.80gb")))
     allocated = outputs[-1]
     assert isinstance(allocated, ClaimAllocated)

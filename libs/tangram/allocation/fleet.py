@@ -56,6 +56,10 @@ class _Held:
     devices: tuple[str, ...]  # device names taken (admin access excluded)
 
 
+# MIG instances destroyed that a node's late inventories are checked against, per node.
+DESTROYED_REMEMBERED = 4096
+
+
 class FleetState:
     """`reconfigure_foreign_instances`: free MIG instances that Tangram did not create (made by hand
     or by another tool before Tangram ran) may be destroyed to make room for a claim. Off by
@@ -78,8 +82,9 @@ class FleetState:
         self._index = DemandIndex(self._shapes, self._eligible_on)
         self._noted: set[str] = set()  # claims counted in the demand mix
         self._made: set[tuple[str, int, int, int]] = set()  # (node, GPU, profile id, start) Tangram created
-        # node -> UUIDs of MIG instances whose destroy was applied, while inventories still show them
-        self._destroyed: dict[str, set[str]] = {}
+        # node -> UUIDs of the MIG instances destroyed last (UUIDs are never reused; the oldest are
+        # forgotten, as no inventory is that late), in the order they were destroyed
+        self._destroyed: dict[str, dict[str, None]] = {}
 
     # --- inventory -------------------------------------------------------------------------------
 
@@ -109,19 +114,13 @@ class FleetState:
         self._unindexed.add(hw.node)
 
     def _without_destroyed(self, hw: NodeHardware) -> NodeHardware:
-        """The inventory less the instances already destroyed (it may have been read before)."""
+        """The inventory less the instances already destroyed: it may have been read before the
+        destroy (discovery and the partitioner both publish, so inventories can arrive late)."""
         destroyed = self._destroyed.get(hw.node)
-        if not destroyed:
-            return hw
-        present = {m.uuid for g in hw.gpus for m in g.mig_instances}
-        destroyed &= present  # UUIDs are never reused: one no inventory shows is gone for good
-        if not destroyed:
-            del self._destroyed[hw.node]
+        if not destroyed or not any(m.uuid in destroyed for g in hw.gpus for m in g.mig_instances):
             return hw
         gpus = [
             msgspec.structs.replace(g, mig_instances=[m for m in g.mig_instances if m.uuid not in destroyed])
-            if any(m.uuid in destroyed for m in g.mig_instances)
-            else g
             for g in hw.gpus
         ]
         return msgspec.structs.replace(hw, gpus=gpus)
@@ -291,7 +290,10 @@ class FleetState:
         if node is None:
             return
         if mig_uuid:
-            self._destroyed.setdefault(node_name, set()).add(mig_uuid)
+            destroyed = self._destroyed.setdefault(node_name, {})
+            destroyed[mig_uuid] = None
+            if len(destroyed) > DESTROYED_REMEMBERED:
+                del destroyed[next(iter(destroyed))]
         node.destroyed(gpu_uuid, start, mig_uuid)
         self._unindexed.add(node_name)
 
