@@ -128,6 +128,9 @@ async def _serve(ctx: ServiceContext, settings: AllocatorSettings, tasks: list[a
             outcome = "allocated" if any(isinstance(o, ClaimAllocated) for o in outputs) else "failed"
             DECISIONS.labels(outcome).inc()
             FREE_GPUS.set(ledger.fleet.metrics().free_gpus)
+        for conflict in ledger.conflicts:
+            log.error("allocated twice, by Tangram and outside it", extra={"conflict": conflict})
+        ledger.conflicts.clear()
         for output in outputs:
             await ctx.bus.publish(output)
             if isinstance(output, ClaimFailed):

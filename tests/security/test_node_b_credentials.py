@@ -295,13 +295,14 @@ async def test_wrong_password_is_refused(cluster: LocalCluster) -> None:
         "tangram.inventory.node-a",  # node-a's facts
         "tangram.node.node-a.partition.applied",
         "tangram.node.node-a.claim.prepared",
-        "tangram.node.node-b.partition.requested",  # commands are the allocator's, even to itself
+        "tangram.node.node-a.partition.requested",  # commands to another node
         "tangram.claim.released.some-claim",  # claim subjects
         "tangram.claim.allocated.some-claim",
         "$JS.API.STREAM.DELETE.TANGRAM_CLAIMS",  # streams
         "$JS.API.STREAM.PURGE.TANGRAM_NODES",
         "$JS.API.CONSUMER.MSG.NEXT.TANGRAM_NODES.partitioner-node-a",  # others' durables
         "$JS.API.CONSUMER.CREATE.TANGRAM_NODES.snoop.tangram.node.node-a.partition.*",  # others' filters
+        "$JS.API.CONSUMER.CREATE.TANGRAM_NODES.snoop.tangram.node.node-a.claim.*",
         "$KV.tangram-leader.allocator",  # the leader lease
     ],
 )
