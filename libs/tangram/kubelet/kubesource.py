@@ -11,7 +11,6 @@ keeps the instance warm instead when its policy says so.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -23,7 +22,7 @@ from tangram.dra import node_devices
 from tangram.dra.model import Device
 from tangram.events import AllocatedDevice, MigPlacement, PartitionAction, PartitionRequested, subject_token
 from tangram.events.ids import command_event_id, partition_command_id
-from tangram.kube import KubeApiError, call
+from tangram.kube import KubeApiError, call_json
 from tangram.kubelet.allocations import AllocationUnavailable, InMemoryAllocationSource, Pending
 from tangram.kubelet.claimstatus import ClaimAllocation, ClaimRefused, check_topology, read_allocation
 
@@ -46,20 +45,12 @@ class ApiClaimReader:
         self._timeout = request_timeout_s
 
     async def read(self, namespace: str, name: str) -> dict[str, Any]:
-        response = await call(
+        return await call_json(
             f"read ResourceClaim {namespace}/{name}",
             self._api.read_namespaced_resource_claim(
                 name, namespace, _preload_content=False, _request_timeout=self._timeout
             ),
         )
-        try:
-            body = await call(f"read ResourceClaim {namespace}/{name}", response.read())
-        finally:
-            response.release()
-        parsed = json.loads(body)
-        if not isinstance(parsed, dict):
-            raise KubeApiError(f"read ResourceClaim {namespace}/{name}", 200, "BadBody", "not an object")
-        return parsed
 
 
 class KubeAllocationSource:
@@ -139,7 +130,7 @@ class KubeAllocationSource:
 
     def _command_for(self, claim: ClaimRef, device: Device) -> PartitionRequested | None:
         """The create of a MIG placement (reusing a free instance already there is the partitioner's
-        call), or disable-mig for a whole GPU still in MIG mode; None for a whole GPU ready as is."""
+        call), or disable-mig for a whole GPU that can be in MIG mode; None for one that cannot."""
         if device.placement is not None and device.profile is not None and device.profile_id is not None:
             attempt = self._view.attempt(claim.uid, device.gpu_uuid, device.placement.start)
             return self._command(
@@ -153,8 +144,10 @@ class KubeAllocationSource:
                 attempt=attempt,
             )
         gpu = self._view.gpu(device.gpu_index)
-        if gpu is not None and gpu.mig_enabled:
-            # As the allocator words it: the whole GPU's slices, profile -1, one per claim and GPU.
+        if gpu is not None and gpu.mig_capable:
+            # Sent whether or not the inventory at hand shows MIG on: it may predate the last
+            # create on this GPU, and the partitioner answers at once when MIG is already off.
+            # Worded as the allocator words it: the whole GPU's slices, profile -1.
             whole = MigPlacement(start=0, size=max(gpu.memory_slices, 1))
             return self._command(
                 claim.uid,
