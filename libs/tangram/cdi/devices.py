@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import msgspec
 
-from tangram.events.inventory import MigPlacement
-
 
 class ClaimRef(msgspec.Struct, frozen=True, kw_only=True):
     """A claim as kubelet names it."""
@@ -28,10 +26,6 @@ class ResolvedDevice(msgspec.Struct, frozen=True, kw_only=True):
     profile: str = ""  # MIG profile name, empty for a whole GPU
     gi_cap_minor: int = -1  # /dev/nvidia-caps/nvidia-cap<N> of the GPU instance
     ci_cap_minor: int = -1  # ... of the compute instance
-    # Where the MIG instance sits: what the node destroys when a claim that kube-scheduler
-    # allocated is unprepared (the allocator destroys those of the claims it decided).
-    profile_id: int = -1
-    placement: MigPlacement | None = None
 
     @property
     def is_mig(self) -> bool:

@@ -67,8 +67,8 @@ class InMemoryAllocationSource:
         self._claim_failures: dict[str, str] = {}
         self._created: dict[str, PartitionApplied] = {}  # create results by command id
         self._partition_failures: dict[str, PartitionFailed] = {}  # by command id
-        # (claim, GPU, first slice) -> creates that failed or were destroyed since: each closes one
-        # attempt, so that a later prepare of the same claim sends a new create, not the old id.
+        # (claim, GPU, first slice) -> commands that failed, or creates destroyed since: each closes
+        # one attempt, so that a later prepare of the same claim sends a new command, not the old id.
         self._closed: Counter[tuple[str, str, int]] = Counter()
         self._changed = asyncio.Event()
 
@@ -114,7 +114,7 @@ class InMemoryAllocationSource:
                 self._closed[(uid, event.gpu_uuid, event.placement.start)] += 1
             case PartitionFailed(node=node) if node == self.node and event.action != "destroy":
                 self._partition_failures[event.command_id] = event
-                if event.action == "create" and event.claim_uid:
+                if event.claim_uid:
                     self._closed[(event.claim_uid, event.gpu_uuid, event.placement.start)] += 1
             case _:
                 return
@@ -128,8 +128,8 @@ class InMemoryAllocationSource:
         """Nothing to do here: the allocator destroys the claim's instances when it is released."""
 
     def attempt(self, claim_uid: str, gpu_uuid: str, start: int) -> int:
-        """Which create of this claim's instance at this slot is current: one more after each
-        failed create and each destroy, so a retry or a prepare after an unprepare makes it anew."""
+        """Which command of this claim for this slot is current: one more after each failed create
+        or disable-mig and each destroy, so a retry or a prepare after an unprepare acts anew."""
         return self._closed[(claim_uid, gpu_uuid, start)]
 
     def gpu(self, index: int) -> GpuInfo | None:
@@ -247,8 +247,6 @@ class InMemoryAllocationSource:
             profile=device.profile or instance.profile,
             gi_cap_minor=instance.gi_cap_minor,
             ci_cap_minor=instance.ci_cap_minor,
-            profile_id=device.profile_id if device.profile_id is not None else -1,
-            placement=device.placement,
         )
 
 

@@ -11,6 +11,7 @@ keeps the instance warm instead when its policy says so.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -85,10 +86,13 @@ class KubeAllocationSource:
             allocation = read_allocation(obj, claim, driver=self.driver, pool=self.node)
         except ClaimRefused as error:
             raise AllocationUnavailable(str(error)) from None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         devices, commands = await self._view.wait_for(lambda: self._plan(claim, allocation), timeout_s)
         for command in commands:
             await self._send(command)
-        return await self._view.resolve_devices(claim, devices, timeout_s=timeout_s)
+        remaining = max(deadline - loop.time(), 0.0)
+        return await self._view.resolve_devices(claim, devices, timeout_s=remaining)
 
     def _plan(
         self, claim: ClaimRef, allocation: ClaimAllocation
@@ -157,7 +161,7 @@ class KubeAllocationSource:
                 profile="",
                 profile_id=-1,
                 placement=whole,
-                attempt=0,
+                attempt=self._view.attempt(claim.uid, device.gpu_uuid, 0),
             )
         return None
 
@@ -201,19 +205,28 @@ class KubeAllocationSource:
     async def release(self, allocation: ResolvedAllocation) -> None:
         """Destroy the MIG instances made for the claim; the command is durable once sent."""
         uid = allocation.claim.uid
+        hardware = self._view.hardware
+        # Device names are stable (GPU, profile, first slice): the inventory says where each sits.
+        by_name = {d.name: d for d in node_devices(hardware, driver=self.driver).devices} if hardware else {}
         for device in allocation.devices:
-            if device.placement is None or device.profile_id < 0:
+            if not device.is_mig:
                 continue
-            attempt = self._view.attempt(uid, device.gpu_uuid, device.placement.start)
+            known = by_name.get(device.device)
+            if known is None or known.placement is None or known.profile_id is None:
+                log.warning(
+                    "MIG instance of an unprepared claim not destroyed: its device is not in the inventory",
+                    extra={"claim": uid, "device": device.device, "mig_uuid": device.mig_uuid},
+                )
+                continue
             command = self._command(
                 uid,
                 "destroy",
-                gpu_index=device.gpu_index,
-                gpu_uuid=device.gpu_uuid,
+                gpu_index=known.gpu_index,
+                gpu_uuid=known.gpu_uuid,
                 profile=device.profile,
-                profile_id=device.profile_id,
-                placement=device.placement,
-                attempt=attempt,
+                profile_id=known.profile_id,
+                placement=known.placement,
+                attempt=self._view.attempt(uid, known.gpu_uuid, known.placement.start),
                 mig_uuid=device.mig_uuid,
             )
             await self._send(command)

@@ -38,6 +38,7 @@ class PartitionLedger:
         # Claims prepared on this node that the allocator did not decide (kube-scheduler did): live
         # from their prepare to their unprepare, as the log of this node's kubelet plugin says.
         self._prepared: set[str] = set()
+        self._decided: set[str] = set()  # every claim the allocator allocated on this node
 
     # ---- folding ----------------------------------------------------------------------------------------
 
@@ -57,6 +58,8 @@ class PartitionLedger:
             case PartitionFailed(node=node) if node == self.node:
                 self._outcomes[event.command_id] = event
             case ClaimAllocated(node=node) if node == self.node:
+                self._decided.add(event.uid)
+                self._prepared.discard(event.uid)  # its prepare may be folded first: streams interleave
                 self._drop_claim(event.uid)
                 self._claims[event.uid] = event
                 for device in event.devices:
@@ -72,7 +75,7 @@ class PartitionLedger:
             case ClaimReleased(uid=uid) | ClaimFailed(uid=uid):
                 self._ended.add(uid)
                 self._drop_claim(uid)
-            case ClaimPrepared(node=node, uid=uid) if node == self.node and uid not in self._claims:
+            case ClaimPrepared(node=node, uid=uid) if node == self.node and uid not in self._decided:
                 self._prepared.add(uid)
             case ClaimUnprepared(node=node, uid=uid) if node == self.node:
                 self._prepared.discard(uid)
@@ -118,7 +121,7 @@ class PartitionLedger:
 
     def prepared_outside(self, claim_uid: str) -> bool:
         """Live because this node prepared it, not because the allocator decided it."""
-        return claim_uid in self._prepared and claim_uid not in self._claims
+        return claim_uid in self._prepared
 
     def is_live(self, claim_uid: str) -> bool:
         return claim_uid in self._claims or claim_uid in self._prepared
