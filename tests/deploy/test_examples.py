@@ -1,5 +1,5 @@
 """The examples in deploy/examples ask for what their comments say, and the simulated fleet of
-`tangram cluster up` can satisfy each one (claims and templates decided by the allocator offline)."""
+a simulated node can satisfy each one (claims and templates decided by the allocator offline)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def fleet(*machines: str) -> FleetState:
 
 
 @pytest.mark.parametrize(("name", "spec"), claim_specs(), ids=[name for name, _ in claim_specs()])
-def test_each_example_claim_is_satisfiable_on_the_default_nodes(name: str, spec: dict[str, Any]) -> None:
+def test_each_example_claim_is_satisfiable_on_a_simulated_hgx_h200(name: str, spec: dict[str, Any]) -> None:
     decision = fleet("hgx-h200").allocate(
         Claim(namespace="default", name=name, uid="u-1", spec=spec), CLASSES
     )

@@ -49,7 +49,7 @@ async def test_cluster_up_runs_an_example_pod_and_stops_on_sigterm(tmp_path: Pat
         "cluster",
         "up",
         "--node",
-        "gpu-node=hgx-h200",
+        "gpu-node=dgx-h100",
         "--kubeconfig",
         str(kubeconfig),
         cwd=ROOT,
@@ -84,7 +84,7 @@ async def test_cluster_up_runs_an_example_pod_and_stops_on_sigterm(tmp_path: Pat
             claim = await resource.read_namespaced_resource_claim(status.resource_claim_name, "default")
             [result] = claim.status.allocation.devices.results
             assert result.driver == "gpu.tangram.dev" and result.pool == "gpu-node"
-            assert "-mig-1g-18gb-" in result.device
+            assert "-mig-1g-10gb-" in result.device
         finally:
             await api.close()
     finally:

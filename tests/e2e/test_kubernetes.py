@@ -32,10 +32,10 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.controlplane]
 DRIVER = "gpu.tangram.dev"
 MACHINE = "hgx-h200"
 WAIT_S = 120.0
-MIG_1G = (
-    'device.attributes["gpu.tangram.dev"].profile == "1g.18gb" && '
-    'device.attributes["gpu.tangram.dev"].placementStart >= 1'  # a placement not made yet on any GPU
-)
+# GPU 0 of the simulated HGX H200 starts with two MIG instances Kubernetes knows nothing of: the
+# claims here stay off it, so the instance the test sees appear is the one made for the claim.
+NOT_GPU0 = 'device.attributes["gpu.tangram.dev"].index >= 1'
+MIG_1G = f'device.attributes["gpu.tangram.dev"].profile == "1g.18gb" && {NOT_GPU0}'
 
 
 @dataclass
@@ -119,6 +119,13 @@ async def node(controlplane: ControlPlane, kube: Any, unique: str) -> AsyncItera
     kubelet = NodeKubelet(kube, node=name, dra_socket=cluster.dra_socket(name))
     task = asyncio.create_task(kubelet.run(stop))
     try:
+
+        async def serving() -> bool:
+            return cluster.dra_socket(name).exists()
+
+        # Tests that call the plugin themselves wait for it to serve, as kubelet waits for its
+        # registration.
+        await until("the node's kubelet plugin serving", serving)
         yield Node(name, unique, cluster, kube)
     finally:
         stop.set()
@@ -192,7 +199,16 @@ async def test_a_pod_gets_a_new_mig_instance_and_an_nvlink_pair(node: Node) -> N
             ns,
             {
                 "devices": {
-                    "requests": [{"name": "gpus", "exactly": {"deviceClassName": DRIVER, "count": 2}}],
+                    "requests": [
+                        {
+                            "name": "gpus",
+                            "exactly": {
+                                "deviceClassName": DRIVER,
+                                "count": 2,
+                                "selectors": [{"cel": {"expression": NOT_GPU0}}],
+                            },
+                        }
+                    ],
                     "constraints": [{"requests": ["gpus"], "matchAttribute": f"{DRIVER}/nvlinkDomain"}],
                 }
             },
@@ -261,7 +277,15 @@ async def test_bad_claims_fail_prepare_with_the_reason(node: Node) -> None:
         "metadata": {"name": "malformed", "namespace": ns},
         "spec": {
             "devices": {
-                "requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}],
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": DRIVER,
+                            "selectors": [{"cel": {"expression": NOT_GPU0}}],
+                        },
+                    }
+                ],
                 "config": [
                     {
                         "requests": ["gpu"],

@@ -11,7 +11,9 @@ from pathlib import Path
 from tangram.cli.demo import parse_nodes
 from tangram.cluster.up import serve
 
-DEFAULT_NODES = ["node-a=hgx-h200", "node-b=h100-nvl-4x2"]
+# Machines that start without MIG instances: Kubernetes sees every placement as free, and one made
+# before Tangram (as on the simulated HGX H200's GPU 0) would overlap placements it offers.
+DEFAULT_NODES = ["node-a=dgx-h100", "node-b=h100-nvl-4x2"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import grpc
 from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api, V1DeleteOptions, V1Preconditions
 from kubernetes_asyncio.watch import Watch
 
@@ -109,6 +110,10 @@ class NodeKubelet:
         except (KubeApiError, _NotYet) as error:
             self._retry_later(pod, f"claims of pod {where} not ready: {error}")
             return
+        except grpc.aio.AioRpcError as error:
+            # The plugin is not serving yet (or restarting): kubelet tries again too.
+            self._retry_later(pod, f"claims of pod {where} not prepared: plugin: {error.details()}")
+            return
         errors = [f"{h.namespace}/{h.name}: {answers[h.uid].error}" for h in handles if answers[h.uid].error]
         if errors:
             self._retry_later(pod, f"claims of pod {where} not prepared: {'; '.join(errors)}")
@@ -183,7 +188,10 @@ class NodeKubelet:
         if mine is not None:
             still_used = {h.uid for other in self._prepared.values() for h in other.handles}
             release = [h for h in mine.handles if h.uid not in still_used]
-            errors = await self._client.unprepare(release) if release else {}
+            try:
+                errors = await self._client.unprepare(release) if release else {}
+            except grpc.aio.AioRpcError as error:
+                errors = {h.uid: f"plugin: {error.details()}" for h in release}
             failed = {uid: error for uid, error in errors.items() if error}
             if failed:
                 # Kubelet keeps a pod whose claims it could not unprepare and tries again.
