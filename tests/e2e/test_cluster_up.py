@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
-from kubernetes_asyncio.watch import Watch
 
 from tangram.cluster.up import READY
 from tangram.kube import connect
@@ -38,6 +37,22 @@ async def read_ready(process: asyncio.subprocess.Process) -> dict[str, Any]:
         if line.startswith(READY):
             parsed: dict[str, Any] = json.loads(line[len(READY) :])
             return parsed
+
+
+async def running_pod(core: CoreV1Api, name: str) -> Any:
+    """The pod once Running, read until WAIT_S has passed (a watch can end early on a loaded
+    machine); otherwise fail with its conditions and the namespace's events."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT_S
+    while loop.time() < deadline:
+        found = await core.read_namespaced_pod(name, "default")
+        if found.status.phase == "Running":
+            return found
+        await asyncio.sleep(0.5)
+    conditions = [f"{c.type}={c.status}: {c.reason} {c.message}" for c in found.status.conditions or []]
+    events = await core.list_namespaced_event("default")
+    seen = [f"{e.involved_object.name}: {e.reason}: {e.message}" for e in events.items]
+    raise AssertionError(f"pod {name} not Running within {WAIT_S} s: {conditions} {seen}")
 
 
 async def test_cluster_up_runs_an_example_pod_and_stops_on_sigterm(tmp_path: Path) -> None:
@@ -67,18 +82,8 @@ async def test_cluster_up_runs_an_example_pod_and_stops_on_sigterm(tmp_path: Pat
             [pod] = [d for d in documents if d["kind"] == "Pod"]
             await resource.create_namespaced_resource_claim_template("default", claim_template)
             await core.create_namespaced_pod("default", pod)
-            running = None
-            async with Watch() as watch:
-                async for event in watch.stream(
-                    core.list_namespaced_pod,
-                    "default",
-                    field_selector=f"metadata.name={pod['metadata']['name']}",
-                    timeout_seconds=WAIT_S,
-                ):
-                    if event["object"].status.phase == "Running":
-                        running = event["object"]
-                        watch.stop()
-            assert running is not None, f"pod not Running within {WAIT_S} s"
+            name = pod["metadata"]["name"]
+            running = await running_pod(core, name)
             assert running.spec.node_name == "gpu-node"
             [status] = running.status.resource_claim_statuses
             claim = await resource.read_namespaced_resource_claim(status.resource_claim_name, "default")

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
-from kubernetes_asyncio.watch import Watch
 
 from tangram.cluster.kubelet import NodeKubelet
 from tangram.cluster.up import install_device_classes
@@ -75,17 +74,17 @@ async def until(what: str, check: Callable[[], Awaitable[Any]], timeout: float =
 
 
 async def wait_for_pod(node: Node, name: str, phase: str) -> Any:
-    async with Watch() as watch:
-        async for event in watch.stream(
-            node.core.list_namespaced_pod,
-            node.namespace,
-            field_selector=f"metadata.name={name}",
-            timeout_seconds=int(WAIT_S),
-        ):
-            pod = event["object"]
-            if pod.status.phase == phase:
-                return pod
-    raise AssertionError(f"pod {name} did not reach {phase} within {WAIT_S:g} s:\n{await why(node, name)}")
+    """The pod once in `phase`, read until WAIT_S has passed (a watch can end early on a loaded
+    machine); otherwise fail with what the API server says about it."""
+
+    async def reached() -> Any:
+        found = await node.core.read_namespaced_pod(name, node.namespace)
+        return found if found.status.phase == phase else None
+
+    try:
+        return await until(f"pod {name} {phase}", reached)
+    except AssertionError as error:
+        raise AssertionError(f"{error}:\n{await why(node, name)}") from None
 
 
 async def why(node: Node, name: str) -> str:
