@@ -3,10 +3,11 @@
 Roles:
 - `admin` manages the streams (create/update) and nothing else is expected to.
 - `allocator` publishes claim decisions and partition commands, consumes claims, partition
-  results and inventories, and replays the log at start.
+  results, prepared claims and inventories, and replays the log at start.
 - `node-<token>` (discovery, partitioner and cdi of one node) publishes only that node's
-  inventory, results and dead letters, consumes only that node's partition commands through its
-  own durable, and follows claim decisions.
+  inventory, results, dead letters and (cdi, for claims kube-scheduler allocated) partition
+  commands, consumes only that node's partition commands through its own durable, and follows
+  claim decisions.
 
 JetStream is driven through subjects too, so the permissions also name the JetStream API calls
 each role makes: stream info, creation of its own durables (by name) and of ephemeral consumers
@@ -28,9 +29,10 @@ from pathlib import Path
 from tangram.bus.declarations import (
     LEADER_BUCKET,
     allocator_consumer,
+    allocator_node_subjects,
     allocator_results_consumer,
     node_partition_subjects,
-    partition_result_subjects,
+    node_prepare_subjects,
     partitioner_consumer,
 )
 from tangram.events import (
@@ -198,7 +200,7 @@ def allocator_permissions(nodes: Sequence[str] = ()) -> Permissions:
         *_follow_api(INVENTORY_STREAM, ()),
         *_follow_api(INVENTORY_STREAM, ("tangram.inventory.>",)),
         *_follow_api(CLAIMS_STREAM, ()),
-        *_follow_api(NODES_STREAM, partition_result_subjects()),
+        *_follow_api(NODES_STREAM, allocator_node_subjects()),
         *_multi_filter_api(NODES_STREAM),
         *_lease_api(ALLOCATOR_USER),
     ]
@@ -214,9 +216,10 @@ def allocator_permissions(nodes: Sequence[str] = ()) -> Permissions:
 def node_permissions(node: str, others: Sequence[str] = ()) -> Permissions:
     """A node's services: their own node's subjects only. `others` are the fleet's other nodes.
 
-    They publish the node's inventory, results, prepared claims and health; consume the node's
+    They publish the node's inventory, results, prepared claims, health and (cdi, for claims
+    kube-scheduler allocated) its own partition commands; consume the node's
     partition commands through its own durable; follow the claim decisions (a claim's subject
-    names its uid, not its node), their own inventory and their own partition subjects.
+    names its uid, not its node), their own inventory, partition subjects and prepared claims.
     """
     token = subject_token(node)
     user = node_user(node)
@@ -229,19 +232,18 @@ def node_permissions(node: str, others: Sequence[str] = ()) -> Permissions:
         *_stream_info(),
         *_durable_api(NODES_STREAM, durable.durable, durable.filter_subjects),
         *_follow_api(INVENTORY_STREAM, (f"tangram.inventory.{token}",)),
-        *_follow_api(NODES_STREAM, (node_partition_subjects(node),)),
+        *_follow_api(NODES_STREAM, (node_partition_subjects(node), node_prepare_subjects(node))),
         *_multi_filter_api(CLAIMS_STREAM),
     ]
-    # Partition commands come from the allocator only; nobody else's durables are ours.
+    # The node's own partition commands are allowed by `tangram.node.<token>.>`: its cdi service
+    # sends its partitioner the commands of claims kube-scheduler allocated (a node holds its GPUs
+    # through NVML anyway). Another node's commands are not: nor anybody else's durables.
     others_durables = [
         (NODES_STREAM, partitioner_consumer(other).durable)
         for other in others
         if partitioner_consumer(other).durable != durable.durable
     ]
-    deny = [
-        f"tangram.node.{token}.partition.requested",
-        *_not_yours([*_central_durables(), *others_durables]),
-    ]
+    deny = _not_yours([*_central_durables(), *others_durables])
     return Permissions(
         publish_allow=_unique(publish),
         subscribe_allow=(f"{inbox(user)}.>",),

@@ -134,6 +134,9 @@ async def _serve(ctx: ServiceContext, settings: AllocatorSettings, tasks: list[a
             fleet = ledger.fleet.metrics()
             FREE_GPUS.set(fleet.free_gpus)
             STRANDED_GPUS.set(fleet.stranded_gpus)
+        for conflict in ledger.conflicts:
+            log.error("allocated twice, by Tangram and outside it", extra={"conflict": conflict})
+        ledger.conflicts.clear()
         for output in outputs:
             await ctx.bus.publish(output)
             if isinstance(output, ClaimFailed):

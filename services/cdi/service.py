@@ -1,9 +1,12 @@
-"""Wires the kubelet plugin to the bus: allocations and partition results in, prepare events out."""
+"""Wires the kubelet plugin to its claim source: the allocator's events on the bus, or, in
+Kubernetes, the API server, with the bus carrying this node's partition commands and results."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 
 from services.cdi.settings import CdiSettings
 from tangram.bus import node_claim_sources
@@ -14,9 +17,18 @@ from tangram.events import (
     ClaimUnprepared,
     Event,
     NodeInventory,
+    PartitionRequested,
     subject_token,
 )
-from tangram.kubelet import HealthBoard, InMemoryAllocationSource, PluginConfig, build_plugin
+from tangram.kube import connect
+from tangram.kubelet import (
+    AllocationSource,
+    HealthBoard,
+    InMemoryAllocationSource,
+    PluginConfig,
+    build_plugin,
+)
+from tangram.kubelet.kubesource import ApiClaimReader, KubeAllocationSource
 from tangram.service import ServiceContext, first, follow_all, settle
 
 log = logging.getLogger("tangram.cdi")
@@ -44,8 +56,33 @@ async def find_driver(settings: CdiSettings, nvml_version: str | None) -> Driver
     return driver
 
 
+@contextlib.asynccontextmanager
+async def claim_source(
+    ctx: ServiceContext, settings: CdiSettings, view: InMemoryAllocationSource
+) -> AsyncIterator[AllocationSource]:
+    if not settings.kubernetes:
+        yield view
+        return
+
+    async def send(command: PartitionRequested) -> object:
+        return await ctx.bus.publish(command)
+
+    api = await connect(kubeconfig=settings.kubeconfig)
+    try:
+        yield KubeAllocationSource(
+            node=settings.node_name,
+            driver=settings.driver_name,
+            reader=ApiClaimReader(api),
+            view=view,
+            send=send,
+            producer=f"cdi@{settings.node_name}",
+        )
+    finally:
+        await api.close()
+
+
 async def run(ctx: ServiceContext, settings: CdiSettings) -> None:
-    source = InMemoryAllocationSource(settings.node_name)
+    view = InMemoryAllocationSource(settings.node_name)
     health = HealthBoard(settings.node_name, driver=settings.driver_name)
     nvml_version: list[str] = []  # the driver version discovery read from NVML, once its inventory is in
 
@@ -53,7 +90,7 @@ async def run(ctx: ServiceContext, settings: CdiSettings) -> None:
         if isinstance(event, NodeInventory) and event.hardware.node == settings.node_name:
             nvml_version[:] = [event.hardware.driver_version]
             health.update(event.hardware)
-        source.observe(event)
+        view.observe(event)
 
     followers, caught_up = follow_all(ctx.bus, follow_sources(settings.node_name), observe, stop=ctx.stop)
     try:
@@ -72,19 +109,23 @@ async def run(ctx: ServiceContext, settings: CdiSettings) -> None:
         async def publish(event: ClaimPrepared | ClaimUnprepared) -> None:
             await ctx.bus.publish(event)
 
-        plugin = await build_plugin(
-            config,
-            source,
-            on_event=publish,
-            producer=f"cdi@{settings.node_name}",
-            driver=driver,
-            health=health,
-        )
-        async with plugin:
-            ctx.readiness.append(plugin.registration_problem)
-            ctx.ready.set()
-            log.info("kubelet plugin serving", extra={"dra_socket": str(config.dra_socket)})
-            await ctx.stop.wait()
+        async with claim_source(ctx, settings, view) as source:
+            plugin = await build_plugin(
+                config,
+                source,
+                on_event=publish,
+                producer=f"cdi@{settings.node_name}",
+                driver=driver,
+                health=health,
+            )
+            async with plugin:
+                ctx.readiness.append(plugin.registration_problem)
+                ctx.ready.set()
+                log.info(
+                    "kubelet plugin serving",
+                    extra={"dra_socket": str(config.dra_socket), "kubernetes": settings.kubernetes},
+                )
+                await ctx.stop.wait()
     finally:
         ctx.stop.set()
         await settle(followers)

@@ -10,7 +10,7 @@ from pydantic import Field
 
 from tangram import DRIVER_NAME
 from tangram.kubelet import KUBELET_CALL_TIMEOUT_S
-from tangram.service import NodeSettings, add_service_arguments, service_fields
+from tangram.service import NodeSettings, add_service_arguments, env_flag, service_fields
 
 
 class CdiSettings(NodeSettings):
@@ -21,6 +21,8 @@ class CdiSettings(NodeSettings):
     driver_root_mount: Path | None = None  # where this container sees the driver root; default: driver_root
     cdi_hook_path: Path = Path("/usr/bin/nvidia-cdi-hook")
     resolve_timeout_s: float = Field(default=30.0, gt=0, lt=KUBELET_CALL_TIMEOUT_S)
+    kubernetes: bool = False  # resolve claims from the API server instead of the allocator's events
+    kubeconfig: Path | None = None  # default: in-cluster service account, then $KUBECONFIG
 
 
 def parse_settings(argv: list[str] | None = None) -> CdiSettings:
@@ -40,6 +42,13 @@ def parse_settings(argv: list[str] | None = None) -> CdiSettings:
     parser.add_argument(
         "--resolve-timeout", type=float, default=float(env("TANGRAM_RESOLVE_TIMEOUT", "30")), dest="resolve"
     )
+    parser.add_argument(
+        "--kubernetes",
+        action="store_true",
+        default=env_flag("TANGRAM_KUBERNETES"),
+        help="read claims from the Kubernetes API, their source of truth (env TANGRAM_KUBERNETES=1)",
+    )
+    parser.add_argument("--kubeconfig", default=env("TANGRAM_KUBECONFIG"), help="kubeconfig file")
     args = parser.parse_args(argv)
     return CdiSettings(
         **service_fields(args),  # type: ignore[arg-type]
@@ -50,4 +59,6 @@ def parse_settings(argv: list[str] | None = None) -> CdiSettings:
         driver_root_mount=args.driver_root_mount,
         cdi_hook_path=args.cdi_hook_path,
         resolve_timeout_s=args.resolve,
+        kubernetes=args.kubernetes,
+        kubeconfig=args.kubeconfig,
     )

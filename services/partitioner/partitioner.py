@@ -326,11 +326,11 @@ class Partitioner:
     async def _destroy(self, command: PartitionRequested, slot: _GpuSlot, started: float) -> PartitionResult:
         key = InstanceKey.of(command.gpu_uuid, command.placement)
         owner = self.ledger.owner(key)
-        if owner is not None and owner == command.claim_uid:
+        if owner is not None and owner == command.claim_uid and not self.ledger.prepared_outside(owner):
             # The allocator destroys a claim's instance only once it has freed the claim: the
             # release is in the log (or about to be), only not read here yet.
             await self._wait_until_released(owner, why=f"destroy {command.command_id}")
-        owner = await self._wait_for_release(key)
+        owner = await self._wait_for_release(key, command.claim_uid)
         if owner is not None:
             raise PartitionError(
                 f"the {command.profile} instance at slices {key.start}+{key.size} of GPU {key.gpu_uuid} "
@@ -418,10 +418,16 @@ class Partitioner:
                     extra={"claim": claim_uid, "for": why, "waited_s": round(warned - waited, 1)},
                 )
 
-    async def _wait_for_release(self, key: InstanceKey) -> str | None:
-        """The live claim holding the instance; a release on its way through the log is waited for."""
+    async def _wait_for_release(self, key: InstanceKey, releasing: str) -> str | None:
+        """The live claim holding the instance; a release on its way through the log is waited for.
+
+        A claim kube-scheduler allocated stays live until its node has unprepared it, and the node
+        sends the destroy of its instance before saying so: that claim may destroy its own.
+        """
         deadline = time.monotonic() + self._claim_release_wait_s
         while (owner := self.ledger.owner(key)) is not None:
+            if owner == releasing and self.ledger.prepared_outside(owner):
+                return None
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break

@@ -131,7 +131,7 @@ def test_node_rbac_is_least_privilege() -> None:
     assert _grants(_by_kind("ClusterRole", "tangram-node")) == {
         ("resource.k8s.io", "resourceslices", verb)
         for verb in ("create", "update", "delete", "get", "list", "watch")
-    } | {("", "nodes", "get")}
+    } | {("", "nodes", "get"), ("resource.k8s.io", "resourceclaims", "get")}
 
 
 def test_no_role_is_cluster_admin_like() -> None:

@@ -143,14 +143,17 @@ async def test_node_publishes_its_own_inventory_and_results(auth_server: AuthSer
         inventory = await js.publish("tangram.inventory.node-a", b"{}", timeout=WAIT_S)
         applied = await js.publish("tangram.node.node-a.partition.applied", b"{}", timeout=WAIT_S)
         prepared = await js.publish("tangram.node.node-a.claim.prepared", b"{}", timeout=WAIT_S)
+        # The cdi service makes the MIG instances of claims kube-scheduler allocated.
+        command = await js.publish("tangram.node.node-a.partition.requested", b"{}", timeout=WAIT_S)
     finally:
         await node.nc.close()
-    assert (inventory.stream, applied.stream, prepared.stream) == (
+    assert (inventory.stream, applied.stream, prepared.stream, command.stream) == (
         "TANGRAM_INVENTORY",
         "TANGRAM_NODES",
         "TANGRAM_NODES",
+        "TANGRAM_NODES",
     )
-    assert (applied.seq, prepared.seq) == (1, 2)
+    assert (applied.seq, prepared.seq, command.seq) == (1, 2, 3)
     assert node.errors == []
 
 
@@ -162,7 +165,7 @@ async def test_node_publishes_its_own_inventory_and_results(auth_server: AuthSer
         "tangram.inventory.gpu-b_lab",  # another node's inventory
         "tangram.claim.allocated.x",  # a claim decision
         "tangram.claim.failed.x",
-        "tangram.node.node-a.partition.requested",  # a command, even to itself
+        "tangram.node.gpu-b_lab.partition.requested",  # a command to another node
         "tangram.deadletter.allocator",  # another consumer's dead letters
         "$JS.API.STREAM.UPDATE.TANGRAM_NODES",  # streams are the admin's
         "$JS.API.STREAM.DELETE.TANGRAM_CLAIMS",

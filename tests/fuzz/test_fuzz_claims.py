@@ -15,8 +15,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tangram.allocation import Allocated, Claim, DeviceClass, Failed, FleetState
-from tangram.allocation.spec import parse_claim_spec, parse_topology_config
+from tangram.allocation.spec import parse_claim_spec
 from tangram.cel import CelCompileError, CelRuntimeError, compile_selector
+from tangram.dra.config import parse_topology_config
 from tangram.dra.model import Device
 from tangram.k8s.deviceclasses import load_shipped_device_classes
 from tests.allocator.helpers import hardware

@@ -1,4 +1,5 @@
-"""A small Kubernetes API server for resource.k8s.io/v1 ResourceSlices, over real HTTP on loopback.
+"""A small Kubernetes API server for resource.k8s.io/v1 ResourceSlices (and reading ResourceClaims),
+over real HTTP on loopback.
 
 It behaves like kube-apiserver where the publisher can tell the difference: resourceVersions on
 every write and in lists, 409 AlreadyExists / Conflict, 404 NotFound, 422 Invalid with the
@@ -29,6 +30,7 @@ from aiohttp import web
 from tangram.k8s import check_limits
 
 PREFIX = "/apis/resource.k8s.io/v1/resourceslices"
+CLAIM_PATH = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
 FIELDS: dict[str, Callable[[dict[str, Any]], str]] = {
     "metadata.name": lambda o: str(o["metadata"]["name"]),
     "spec.nodeName": lambda o: str(o["spec"].get("nodeName", "")),
@@ -115,6 +117,7 @@ class LocalApiServer:
     def __init__(self, *, k8s_version: str = "1.36") -> None:
         self.k8s_version = k8s_version
         self.objects: dict[str, dict[str, Any]] = {}
+        self.claims: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name): ResourceClaim
         self.events: list[WatchEvent] = []
         self.requests: list[tuple[str, str]] = []  # (method, path?query) in arrival order
         self._resource_version = 100
@@ -139,6 +142,7 @@ class LocalApiServer:
         app.router.add_route("GET", PREFIX + "/{name}", self._get)
         app.router.add_route("PUT", PREFIX + "/{name}", self._replace)
         app.router.add_route("DELETE", PREFIX + "/{name}", self._delete)
+        app.router.add_route("GET", CLAIM_PATH, self._get_claim)
         self._closing = False
         self._runner = web.AppRunner(app, shutdown_timeout=1.0, access_log=None)
         await self._runner.setup()
@@ -169,6 +173,30 @@ class LocalApiServer:
         """Store an object as another client would have created it (validated like any write)."""
         self._validate(obj)
         return self._store(copy.deepcopy(obj), "ADDED")
+
+    def put_claim(self, claim: dict[str, Any]) -> dict[str, Any]:
+        """Store a ResourceClaim, status included, as kube-scheduler leaves it after allocating.
+
+        Validated against the official schema; a claim stored again under the same name keeps its
+        uid unless `metadata.uid` says otherwise (a claim deleted and made again).
+        """
+        name = claim.get("metadata", {}).get("name")
+        try:
+            kubernetes_validate.validate(claim, self.k8s_version, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            path = ".".join(str(p) for p in error.path)
+            raise ApiError(
+                422, "Invalid", f"ResourceClaim {name!r} is invalid: {path}: {error.message}"
+            ) from None
+        stored = copy.deepcopy(claim)
+        metadata = stored["metadata"]
+        key = (metadata.get("namespace", "default"), metadata["name"])
+        previous = self.claims.get(key)
+        metadata.setdefault("uid", previous["metadata"]["uid"] if previous else str(uuid.uuid4()))
+        self._resource_version += 1
+        metadata["resourceVersion"] = str(self._resource_version)
+        self.claims[key] = stored
+        return copy.deepcopy(stored)
 
     def modify(self, name: str, mutate: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
         """A concurrent writer changes the object: a new resourceVersion and a MODIFIED event."""
@@ -327,6 +355,17 @@ class LocalApiServer:
         except ApiError as error:
             return error.response()
         return web.json_response(self.objects[name])
+
+    async def _get_claim(self, request: web.Request) -> web.Response:
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        try:
+            await self._prologue(request)
+            claim = self.claims.get((namespace, name))
+            if claim is None:
+                raise ApiError(404, "NotFound", f'resourceclaims.resource.k8s.io "{name}" not found', name)
+        except ApiError as error:
+            return error.response()
+        return web.json_response(claim)
 
     async def _create(self, request: web.Request) -> web.Response:
         try:

@@ -8,7 +8,9 @@ import pytest
 from tangram.events import (
     AllocatedDevice,
     ClaimAllocated,
+    ClaimPrepared,
     ClaimReleased,
+    ClaimUnprepared,
     MigPlacement,
     PartitionApplied,
     PartitionFailed,
@@ -170,3 +172,32 @@ def test_reconcile_sorts_instances() -> None:
     assert [f.key.start for f in to_clean(findings, "empty")] == [2]
     assert [f.key.start for f in to_clean(findings, "all")] == [1, 2]
     assert to_clean(findings, "none") == []
+
+
+def _prepare_event(uid: str, *, done: bool = False) -> ClaimPrepared | ClaimUnprepared:
+    if done:
+        return ClaimUnprepared(key=NODE, node=NODE, namespace="ns", name=uid, uid=uid)
+    return ClaimPrepared(key=NODE, node=NODE, namespace="ns", name=uid, uid=uid, devices=[])
+
+
+def test_a_claim_kube_scheduler_allocated_owns_its_instance_from_prepare_to_unprepare() -> None:
+    ledger = PartitionLedger(NODE)
+    key = InstanceKey(GPU, 2, 1)
+    ledger.observe(_applied("k-create", 2, claim="kube"))  # the node's own create for the claim
+    assert ledger.owner(key) is None  # made, not yet prepared: nobody's
+    ledger.observe(_prepare_event("kube"))
+    assert ledger.owner(key) == "kube" and ledger.prepared_outside("kube")
+    assert [f.kind for f in reconcile([_observed(2)], ledger)] == ["adopted"]  # a restart keeps it
+    ledger.observe(_prepare_event("kube", done=True))
+    assert ledger.owner(key) is None and not ledger.prepared_outside("kube")
+
+
+def test_the_prepare_of_a_claim_the_allocator_decided_does_not_keep_it_alive() -> None:
+    ledger = PartitionLedger(NODE)
+    ledger.observe(_prepare_event("bus"))  # followed from another stream: may come first
+    ledger.observe(_allocated("bus", 3))
+    ledger.observe(_applied("b-create", 3, claim="bus"))
+    assert ledger.owner(InstanceKey(GPU, 3, 1)) == "bus" and not ledger.prepared_outside("bus")
+    ledger.observe(ClaimReleased(key="bus", namespace="ns", name="bus", uid="bus"))
+    ledger.observe(_prepare_event("bus"))  # a late duplicate
+    assert ledger.owner(InstanceKey(GPU, 3, 1)) is None

@@ -171,7 +171,8 @@ async def test_restart_reconciles_leftovers_and_orphans(
 
 
 def _allocated(uid: str, gpu: str, placement: MigPlacement) -> ClaimAllocated:
-    """As the allocator decides it: the device names the create command that makes its instance."""
+    """The decision names its create command, as the allocator's does: a create it does not name is
+    an orphan, whichever of the two the partitioner happens to read first."""
     device = AllocatedDevice(
         request="r", driver="gpu.tangram.dev", pool=NODE, device="d", gpu_index=1, gpu_uuid=gpu,
         profile="2g.20gb", profile_id=14, placement=placement, partition_command=f"create-{uid}",

@@ -8,7 +8,9 @@ refused by the server, or dead-lettered by the reader with the reason and withou
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import msgspec
 import nats
@@ -17,20 +19,27 @@ import pytest
 from nats.aio.client import Client as NatsClient
 
 from tangram.bus import Bus
-from tangram.demo.cluster import LocalCluster
+from tangram.demo.cluster import LocalCluster, SimNode
 from tangram.demo.driver import Held
 from tangram.demo.scenario import DemoClaim, mig, whole_gpus
 from tangram.events import (
     CLAIMS_STREAM,
     INVENTORY_STREAM,
+    NODES_STREAM,
     ClaimAllocated,
     ClaimFailed,
     ClaimReleased,
+    Event,
+    MigPlacement,
     NodeInventory,
+    PartitionApplied,
     PartitionFailed,
+    PartitionRequested,
     encode,
 )
+from tangram.partitioning import MigExecutor
 from tests.events.samples import HARDWARE
+from tests.partitioner.helpers import MINORS, sim
 
 from .conftest import (
     NODE_A,
@@ -295,15 +304,93 @@ async def test_wrong_password_is_refused(cluster: LocalCluster) -> None:
         "tangram.inventory.node-a",  # node-a's facts
         "tangram.node.node-a.partition.applied",
         "tangram.node.node-a.claim.prepared",
-        "tangram.node.node-b.partition.requested",  # commands are the allocator's, even to itself
+        "tangram.node.node-a.partition.requested",  # commands to another node
         "tangram.claim.released.some-claim",  # claim subjects
         "tangram.claim.allocated.some-claim",
         "$JS.API.STREAM.DELETE.TANGRAM_CLAIMS",  # streams
         "$JS.API.STREAM.PURGE.TANGRAM_NODES",
         "$JS.API.CONSUMER.MSG.NEXT.TANGRAM_NODES.partitioner-node-a",  # others' durables
         "$JS.API.CONSUMER.CREATE.TANGRAM_NODES.snoop.tangram.node.node-a.partition.*",  # others' filters
+        "$JS.API.CONSUMER.CREATE.TANGRAM_NODES.snoop.tangram.node.node-a.claim.*",
         "$KV.tangram-leader.allocator",  # the leader lease
     ],
 )
 async def test_node_b_is_refused_what_is_not_its_own(attacker: Attacker, subject: str) -> None:
     assert await attacker.refused(subject)
+
+
+async def _node_b_result(admin: Bus, command_id: str, timeout_s: float = 30.0) -> Event:
+    """node-b's partitioner's answer to a command, once it is in the log."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = [
+            event
+            async for _, event in admin.replay(NODES_STREAM)
+            if isinstance(event, PartitionApplied | PartitionFailed) and event.command_id == command_id
+        ]
+        if found or time.monotonic() > deadline:
+            assert found, f"no result for command {command_id} within {timeout_s:g} s"
+            return found[0]
+        await asyncio.sleep(0.2)
+
+
+async def test_node_b_commanding_its_own_partitioner_cannot_destroy_a_live_claims_instance(
+    source: ClaimSource, attacker: Attacker, admin: Bus, cluster: LocalCluster
+) -> None:
+    """A node may command its own partitioner (for claims kube-scheduler allocated), which its
+    NVML access allows anyway; the partitioner still will not destroy what a live claim holds."""
+    victim = await source.driver.submit(DemoClaim("victims", "mig-on-b", mig("3g.40gb")))
+    assert victim is not None and victim.node == NODE_B.name, source.driver.reasons
+    decision = await _decision(source, victim)
+    device = decision.devices[0]
+    assert device.placement is not None and device.profile_id is not None
+    before = _mig_uuids(cluster, NODE_B)
+    assert before
+    destroy = PartitionRequested(
+        key=NODE_B.name,
+        command_id="node-b-destroys-a-live-instance",
+        node=NODE_B.name,
+        action="destroy",
+        gpu_uuid=device.gpu_uuid,
+        gpu_index=device.gpu_index,
+        profile=device.profile or "",
+        profile_id=device.profile_id,
+        placement=device.placement,
+        claim_uid="not-the-victim",
+    )
+    subject = f"tangram.node.{NODE_B.name}.partition.requested"
+    await attacker.nc.jetstream().publish(subject, encode(destroy), timeout=5)
+    result = await _node_b_result(admin, destroy.command_id)
+    assert isinstance(result, PartitionFailed), result
+    assert f"belongs to live claim {victim.uid}" in result.reason
+    assert _mig_uuids(cluster, NODE_B) == before
+    assert attacker.errors == []
+    await source.driver.release(victim)
+
+
+async def test_a_command_on_node_b_subject_naming_node_a_is_dead_lettered(
+    attacker: Attacker, admin: Bus
+) -> None:
+    subject = f"tangram.node.{NODE_B.name}.partition.requested"
+    forged = PartitionRequested(
+        key=NODE_B.name,
+        command_id="node-b-speaks-for-node-a",
+        node=NODE_A.name,
+        action="create",
+        gpu_uuid="GPU-x",
+        gpu_index=1,
+        profile="1g.18gb",
+        profile_id=19,
+        placement=MigPlacement(start=0, size=1),
+    )
+    await attacker.nc.jetstream().publish(subject, encode(forged), timeout=5)
+    [letter] = await eventually_dead_lettered(admin, f"partitioner-{NODE_B.name}", subject)
+    assert letter.reason == (
+        f"refused by subject: partition.requested on '{subject}': it speaks for node 'node-a', "
+        "but the subject is node 'node-b''s"
+    )
+
+
+def _mig_uuids(cluster: LocalCluster, node: SimNode) -> set[str]:
+    executor = MigExecutor(sim(node.machine, cluster.state_file(node.name)), minors=MINORS)
+    return {i.mig_uuid for gpu in range(4) for i in executor.observe(gpu) if i.mig_uuid}

@@ -16,9 +16,9 @@ from tangram.allocation.model import (
 from tangram.allocation.spec import (
     DeviceClass,
     ResourceClaimSpec,
-    TopologyConfig,
     parse_claim_spec,
 )
+from tangram.dra.config import TopologyConfig
 
 __all__ = [
     "POLICIES",

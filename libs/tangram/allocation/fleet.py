@@ -647,6 +647,62 @@ class FleetState:
             node.take([index[name] for name in taken if name in index], decision.claim_uid)
             self._unindexed.add(node.name)
 
+    def adopt_prepared(self, claim_uid: str, node_name: str, devices: list[tuple[str, str]]) -> list[str]:
+        """Hold the devices of a claim allocated outside the allocator (by kube-scheduler), learned
+        when its node prepared it. `devices` are (request, device name) of the node's pool.
+
+        Returns the names of devices another claim already held, which are left to that claim: two
+        deciders gave them out at once, and counting them twice would corrupt the counters.
+        """
+        if claim_uid in self._held:
+            return []
+        node = self._nodes.get(node_name)
+        allocated: list[AllocatedDevice] = []
+        taken: list[str] = []
+        conflicts: list[str] = []
+        for request, name in devices:
+            index = node.shape.index_by_name.get(name) if node is not None else None
+            if node is None or index is None:
+                # Not advertised now: recorded, and taken when the node's inventory brings it back.
+                allocated.append(
+                    AllocatedDevice(
+                        request=request,
+                        driver=self.driver,
+                        pool=node_name,
+                        device=name,
+                        gpu_index=-1,
+                        gpu_uuid="",
+                    )
+                )
+                taken.append(name)
+                continue
+            if index in node.allocated and node.allocated[index] != claim_uid:
+                conflicts.append(name)
+                continue
+            device = node.devices[index]
+            allocated.append(
+                AllocatedDevice(
+                    request=request,
+                    driver=self.driver,
+                    pool=node.pool,
+                    device=name,
+                    gpu_index=device.gpu_index,
+                    gpu_uuid=device.gpu_uuid,
+                    profile=device.profile,
+                    profile_id=device.profile_id,
+                    placement=device.placement,
+                )
+            )
+            taken.append(name)
+        decision = Allocated(claim_uid=claim_uid, node=node_name, devices=allocated)
+        self._held[claim_uid] = _Held(decision=decision, node=node_name, devices=tuple(taken))
+        self._held_on.setdefault(node_name, set()).add(claim_uid)
+        if node is not None:
+            index_by_name = node.shape.index_by_name
+            node.take([index_by_name[n] for n in taken if n in index_by_name], claim_uid)
+            self._unindexed.add(node.name)
+        return conflicts
+
     # --- reporting ------------------------------------------------------------------------------
 
     def metrics(self) -> FleetMetrics:

@@ -8,7 +8,6 @@ de-duplicated by JetStream instead of stored twice.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,8 +21,10 @@ from tangram.events import (
     CLAIMS_STREAM,
     ClaimAllocated,
     ClaimFailed,
+    ClaimPrepared,
     ClaimReleased,
     ClaimRequested,
+    ClaimUnprepared,
     Event,
     InvalidKey,
     MigPlacement,
@@ -33,12 +34,7 @@ from tangram.events import (
     PartitionRequested,
     subject_token,
 )
-
-_IDS = uuid.UUID("6d1f6a0e-2b8c-4e59-9a51-7b3f0c2d9e11")
-
-
-def derived_id(*parts: object) -> str:
-    return uuid.uuid5(_IDS, "/".join(str(p) for p in parts)).hex
+from tangram.events.ids import command_event_id, derived_id, partition_command_id
 
 
 @dataclass
@@ -56,6 +52,10 @@ class Ledger:
     created: dict[str, str] = field(default_factory=dict)  # create command id -> MIG device UUID
     # stream -> last sequence folded, for the inputs read apart from the claims (stamped on decisions)
     positions: dict[str, int] = field(default_factory=dict)
+    # Claims allocated outside the allocator (kube-scheduler), learned from their node's prepare:
+    # uid -> node. Their node destroys what it made for them, so their release emits nothing.
+    outside: dict[str, str] = field(default_factory=dict)
+    conflicts: list[str] = field(default_factory=list)  # what two deciders gave out at once
 
     def folded(self, stream: str, sequence: int) -> None:
         """The event about to be folded is at `sequence` of `stream` (decisions record it, for replay).
@@ -112,7 +112,7 @@ class Ledger:
             case PartitionFailed(action="create" | "disable-mig", command_id=command_id):
                 # Only a result of a command this allocator sent to that node counts: a command
                 # sent before a crash and decided differently after it names no one.
-                if self.unanswered(event) is None:
+                if self._answers(event):
                     uid = self.commands[command_id]
                     if self.decided.get(uid) == "allocated" and uid not in self.released:
                         return self._fail_after_partition(uid, event)
@@ -121,30 +121,46 @@ class Ledger:
             case PartitionApplied(action="destroy", node=node, gpu_uuid=gpu_uuid, placement=placement):
                 self.fleet.destroy_done(node, gpu_uuid, placement.start, event.mig_uuid)
             case PartitionApplied(action="create", command_id=command_id, mig_uuid=mig_uuid):
-                if self.unanswered(event) is None:
+                if self._answers(event):
                     self.created[command_id] = mig_uuid
+            case ClaimPrepared(node=node) if _token_or_none(node) == event.key:
+                self._adopt_prepared(event)
+            case ClaimUnprepared(uid=uid) if self.outside.get(uid) == event.node:
+                del self.outside[uid]
+                if live:
+                    self.fleet.release(uid)  # marks its MIG slots as on their way out until inventory says
+                else:
+                    self.fleet.release_replayed(uid)
             case _:
                 pass
         return []
 
     def unanswered(self, result: PartitionApplied | PartitionFailed) -> str | None:
-        """Why a create or disable-mig result answers no command this allocator sent to its node.
+        """Why a create or disable-mig result is not to be believed; None when it may be.
 
-        Only such results change a claim: a node cannot fail, or name the instance of, another
-        node's claim by quoting its command id or claim uid. Destroy results speak of the node's
-        own instances only (the subject names the node), so any the node sends is taken.
+        Only results of commands this allocator sent to that node change a claim: a node cannot
+        fail, or name the instance of, another node's claim by quoting its command id or claim uid.
+        A node also commands its own partitioner, for claims kube-scheduler allocated: the results
+        of those name a claim this allocator never decided and change nothing here. Destroy
+        results speak of the node's own instances only (the subject names the node), so any the
+        node sends is taken.
         """
-        if result.action == "destroy":
+        if result.action == "destroy" or self._answers(result):
             return None
         sent_to = self.command_nodes.get(result.command_id)
         if sent_to is None:
+            if result.claim_uid not in self.decided:
+                return None  # the node's own command, for a claim decided outside the allocator
             return f"{result.action} result for command {result.command_id!r}, which was never sent"
-        if sent_to != _token_or_none(result.node):
-            return (
-                f"{result.action} result from node {result.node!r} for command {result.command_id!r}, "
-                f"which was sent to node {sent_to!r}"
-            )
-        return None
+        return (
+            f"{result.action} result from node {result.node!r} for command {result.command_id!r}, "
+            f"which was sent to node {sent_to!r}"
+        )
+
+    def _answers(self, result: PartitionApplied | PartitionFailed) -> bool:
+        """The result answers a command this allocator sent to the node that ran it."""
+        sent_to = self.command_nodes.get(result.command_id)
+        return sent_to is not None and sent_to == _token_or_none(result.node)
 
     def _decide(self, request: ClaimRequested) -> list[Event]:
         claim = Claim(namespace=request.namespace, name=request.name, uid=request.uid, spec=request.spec)
@@ -197,10 +213,12 @@ class Ledger:
         return [*commands, allocated]
 
     def _command(self, uid: str, node: str, plan: PartitionPlan, action: str) -> PartitionRequested:
-        command_id = derived_id(uid, action, plan.gpu_index, plan.profile_id, plan.placement.start)
+        command_id = partition_command_id(
+            uid, action, gpu_index=plan.gpu_index, profile_id=plan.profile_id, start=plan.placement.start
+        )
         return PartitionRequested(
             key=subject_token(node),
-            event_id=derived_id(command_id, "command"),
+            event_id=command_event_id(command_id),
             producer=self.producer,
             command_id=command_id,
             node=node,
@@ -230,6 +248,21 @@ class Ledger:
                 Allocated(claim_uid=event.uid, node=event.node, devices=event.devices, config=event.config)
             )
 
+    def _adopt_prepared(self, event: ClaimPrepared) -> None:
+        """A claim this allocator never decided was prepared: its devices are taken from now on."""
+        if event.uid in self.decided or event.uid in self.outside:
+            return
+        self.outside[event.uid] = event.node
+        self.claims[event.uid] = (event.namespace, event.name)
+        taken_twice = self.fleet.adopt_prepared(
+            event.uid, event.node, [(d.request, d.device) for d in event.devices if d.pool == event.node]
+        )
+        self.conflicts.extend(
+            f"device {name} of node {event.node}: prepared for claim {event.namespace}/{event.name} "
+            f"({event.uid}) while another claim holds it"
+            for name in taken_twice
+        )
+
     def _release(self, uid: str) -> list[Event]:
         release = self.fleet.release(uid)
         if release.node is None:
@@ -244,7 +277,9 @@ class Ledger:
         previous instance there. Without a create result yet, the UUID is left empty and the
         partitioner destroys the instance it created for this claim at that placement.
         """
-        create = derived_id(uid, "create", plan.gpu_index, plan.profile_id, plan.placement.start)
+        create = partition_command_id(
+            uid, "create", gpu_index=plan.gpu_index, profile_id=plan.profile_id, start=plan.placement.start
+        )
         if create in self.commands:
             return msgspec.structs.replace(plan, mig_uuid=self.created.get(create, ""))
         return plan

@@ -12,11 +12,10 @@ from tangram.allocation.spec import (
     DeviceClass,
     DeviceToleration,
     ResourceClaimSpec,
-    TopologyConfig,
     _Selection,
-    parse_topology_config,
 )
 from tangram.cel import CelCompileError, CelSelector, compile_selector
+from tangram.dra.config import TopologyConfig, parse_topology_config
 
 
 class ClaimError(Exception):

@@ -1,4 +1,4 @@
-"""User input: ResourceClaim spec and DeviceClass (resource.k8s.io/v1), and Tangram's opaque TopologyConfig.
+"""User input: ResourceClaim spec and DeviceClass (resource.k8s.io/v1); TopologyConfig: tangram.dra.config.
 
 Validation errors name the field, so a claim that cannot be read fails with a reason a person can fix.
 """
@@ -10,11 +10,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tangram.dra.config import describe_validation_error
 from tangram.quantity import ceil_quantity
 
 MAX_RESULTS = 32  # resource.k8s.io/v1 AllocationResultsMaxSize
-TOPOLOGY_API_VERSION = "gpu.tangram.dev/v1alpha1"
-TOPOLOGY_KIND = "TopologyConfig"
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _QUALIFIED = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z_][A-Za-z0-9_]{0,31}$")
@@ -221,31 +220,6 @@ class DeviceClass(BaseModel):
             ) from None
 
 
-class TopologyConfig(_Strict):
-    """Tangram's opaque parameters: what DRA cannot say about how GPUs of a claim are connected."""
-
-    apiVersion: Literal["gpu.tangram.dev/v1alpha1"]
-    kind: Literal["TopologyConfig"]
-    interconnect: Literal["NVLink", "Any"] = "Any"
-    minPairBandwidthGBps: float = Field(default=0.0, ge=0)
-    placement: Literal["Pack", "Spread"] = "Pack"
-
-
-def describe_validation_error(err: ValidationError, prefix: str) -> str:
-    """One line per problem, each naming the field: `spec.devices.requests[0].exactly.count: ...`."""
-    lines = []
-    for problem in err.errors():
-        path = prefix
-        for part in problem["loc"]:
-            if isinstance(part, int):
-                path += f"[{part}]"
-            elif part not in ("function-after", "function-before") and not str(part).startswith("function-"):
-                path += f".{part}"
-        message = problem["msg"].removeprefix("Value error, ")
-        lines.append(f"{path}: {message}")
-    return "; ".join(lines)
-
-
 def parse_claim_spec(spec: Any) -> ResourceClaimSpec:
     """Raises ValueError with every problem named by its field."""
     if isinstance(spec, ResourceClaimSpec):
@@ -256,10 +230,3 @@ def parse_claim_spec(spec: Any) -> ResourceClaimSpec:
         return ResourceClaimSpec.model_validate(spec)
     except ValidationError as err:
         raise ValueError(describe_validation_error(err, "spec")) from None
-
-
-def parse_topology_config(parameters: dict[str, Any], where: str) -> TopologyConfig:
-    try:
-        return TopologyConfig.model_validate(parameters)
-    except ValidationError as err:
-        raise ValueError(describe_validation_error(err, where)) from None

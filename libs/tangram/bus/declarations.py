@@ -79,7 +79,7 @@ KEY_VALUES: tuple[KeyValueSpec, ...] = (LEADER_BUCKET,)
 
 
 # What a node service folds to know the claims of its node: the allocator's decisions (all nodes:
-# a claim's subject names its uid, not its node) and its own node's partition results.
+# a claim's subject names its uid, not its node) and its own node's partition results and prepares.
 CLAIM_DECISION_SUBJECTS = ("tangram.claim.allocated.>", "tangram.claim.failed.>", "tangram.claim.released.>")
 
 
@@ -98,14 +98,36 @@ def node_partition_subjects(node: str) -> str:
     return f"tangram.node.{subject_token(node)}.partition.*"
 
 
+def node_prepare_subjects(node: str) -> str:
+    """One node's prepared and unprepared claims, as one filter (pinned to the node as above)."""
+    return f"tangram.node.{subject_token(node)}.claim.*"
+
+
+def prepare_result_subjects(node: str = "*") -> tuple[str, ...]:
+    """Claims one node (a subject token), or every node with "*", prepared and unprepared."""
+    return (f"tangram.node.{node}.claim.prepared", f"tangram.node.{node}.claim.unprepared")
+
+
+def allocator_node_subjects() -> tuple[str, ...]:
+    """What the allocator folds of TANGRAM_NODES: partition results, and prepares, which tell it of
+    claims allocated outside it (by kube-scheduler) so that it never hands their devices out again."""
+    return (*partition_result_subjects(), *prepare_result_subjects())
+
+
 def node_claim_sources(node: str) -> list[tuple[str, tuple[str, ...]]]:
     """(stream, subjects) a node service follows to rebuild what it knows of its node's claims."""
-    return [(CLAIMS_STREAM, CLAIM_DECISION_SUBJECTS), (NODES_STREAM, (node_partition_subjects(node),))]
+    # Prepares too: a claim kube-scheduler allocated is live on the node from its prepare to its
+    # unprepare, and the node makes and destroys its MIG instances itself.
+    return [
+        (CLAIMS_STREAM, CLAIM_DECISION_SUBJECTS),
+        (NODES_STREAM, (node_partition_subjects(node),)),
+        (NODES_STREAM, (node_prepare_subjects(node),)),
+    ]
 
 
 def allocator_log_sources() -> list[tuple[str, tuple[str, ...]]]:
     """(stream, subjects) the allocator's state is folded from at start; () means every subject."""
-    return [(INVENTORY_STREAM, ()), (CLAIMS_STREAM, ()), (NODES_STREAM, partition_result_subjects())]
+    return [(INVENTORY_STREAM, ()), (CLAIMS_STREAM, ()), (NODES_STREAM, allocator_node_subjects())]
 
 
 def allocator_consumer() -> ConsumerSpec:
@@ -121,8 +143,8 @@ def allocator_results_consumer() -> ConsumerSpec:
     return ConsumerSpec(
         durable="allocator-partition-results",
         stream=NODES_STREAM,
-        filter_subjects=partition_result_subjects(),
-        description="partition results from every node",
+        filter_subjects=allocator_node_subjects(),
+        description="partition results and prepared claims from every node",
     )
 
 

@@ -56,18 +56,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def parse_nodes(specs: list[str]) -> list[SimNode]:
+def parse_nodes(specs: list[str], *, command: str = "tangram demo") -> list[SimNode]:
     """The simulated nodes, each name and machine checked before any process starts."""
     nodes = []
     for spec in specs:
         name, sep, machine = spec.partition("=")
         if not sep or not name or not machine:
-            raise SystemExit(f"tangram demo: --node {spec!r} is not NAME=MACHINE")
+            raise SystemExit(f"{command}: --node {spec!r} is not NAME=MACHINE")
         try:
             subject_token(name)
             load_machine(machine)
         except (InvalidKey, MachineError) as error:
-            raise SystemExit(f"tangram demo: --node {spec!r}: {error}") from None
+            raise SystemExit(f"{command}: --node {spec!r}: {error}") from None
         nodes.append(SimNode(name, machine))
     return nodes
 

@@ -67,6 +67,8 @@ class LocalCluster:
     # connects as its own user (the allocator, node-<node>), as in production.
     auth: bool = False
     passwords: dict[str, str] = field(default_factory=dict, repr=False)
+    # With a kubeconfig, discovery publishes ResourceSlices and cdi reads claims from that API server.
+    kubeconfig: Path | None = None
 
     def kubelet_root(self, node: str) -> Path:
         return self.workdir / node / "kubelet"
@@ -146,7 +148,10 @@ class LocalCluster:
             env = {"TANGRAM_NODE_NAME": node.name}
             user = node_user(node.name)
             sim = ["--sim", node.machine, "--state-file", str(self.state_file(node.name))]
-            self._spawn(f"discovery@{node.name}", ["services.discovery", *sim, "--refresh", "2"], env, user)
+            kube = ["--kubernetes", "--kubeconfig", str(self.kubeconfig)] if self.kubeconfig else []
+            self._spawn(
+                f"discovery@{node.name}", ["services.discovery", *sim, "--refresh", "2", *kube], env, user
+            )
             self._spawn(f"partitioner@{node.name}", ["services.partitioner", *sim], env, user)
             self._spawn(
                 f"cdi@{node.name}",
@@ -158,6 +163,7 @@ class LocalCluster:
                     str(self.cdi_dir(node.name)),
                     "--driver-root",
                     str(driver_root),
+                    *kube,
                 ],
                 env,
                 user,

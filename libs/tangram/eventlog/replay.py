@@ -194,8 +194,9 @@ def _fold(events: OrderedLog, ledger: Ledger) -> Iterator[Stored]:
         if isinstance(event, ClaimRequested):
             yield stored
         elif not _is_recorded_decision(events, stored):
-            # Partition commands, prepare results and health are not the allocator's input; the
-            # Ledger ignores them as the allocator's consumers never see them.
+            # Partition commands and health are not the allocator's input; the Ledger ignores
+            # them as the allocator's consumers never see them. Prepares are: they hold the
+            # devices of claims kube-scheduler allocated, as live.
             ledger.apply(event, live=False)
 
 

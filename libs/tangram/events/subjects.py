@@ -1,8 +1,8 @@
 """Which events each subject may carry, and whose word they are: identity comes from the subject.
 
 NATS permissions say who may publish on a subject (a node's user only on its own node's subjects,
-the allocator only on claim decisions and commands). That makes the subject, not the payload, the
-proof of who spoke. A reader therefore accepts an event only when
+its own partition commands included, the allocator only on claim decisions and commands). That
+makes the subject, not the payload, the proof of who spoke. A reader therefore accepts an event only when
 
 - its type is the one the catalogue assigns to the subject it arrived on (a `ClaimReleased` on an
   inventory subject is not a release: the node may publish there, but not that), and
@@ -55,7 +55,11 @@ CHANNELS: tuple[Channel, ...] = (
     Channel(ClaimAllocated, "the allocator", "uid is the subject's claim"),
     Channel(ClaimFailed, "the allocator", "uid is the subject's claim"),
     Channel(ClaimReleased, "the claim source, the allocator", "uid is the subject's claim"),
-    Channel(PartitionRequested, "the allocator", "node is the subject's node"),
+    Channel(
+        PartitionRequested,
+        "the allocator; the node's cdi service, for claims kube-scheduler allocated",
+        "node is the subject's node",
+    ),
     Channel(
         PartitionApplied,
         "the node's partitioner",

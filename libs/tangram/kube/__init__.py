@@ -1,6 +1,6 @@
 """Kubernetes API adapter: the only package that talks to the API server (through kubernetes_asyncio)."""
 
-from tangram.kube.client import KubeApiError, KubeConfigError, call, connect
+from tangram.kube.client import KubeApiError, KubeConfigError, call, call_json, connect
 from tangram.kube.layout import LayoutError, SliceLayout, detect_layout
 from tangram.kube.slices import SPEC_HASH_ANNOTATION, SliceInputError, SlicePublisher, SyncReport, spec_hash
 
@@ -14,6 +14,7 @@ __all__ = [
     "SlicePublisher",
     "SyncReport",
     "call",
+    "call_json",
     "connect",
     "detect_layout",
     "spec_hash",

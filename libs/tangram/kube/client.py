@@ -83,6 +83,28 @@ async def call(what: str, request: Awaitable[T]) -> T:
         raise KubeApiError(what, UNREACHABLE, "Unreachable", str(error) or type(error).__name__) from error
 
 
+async def call_json(what: str, request: Awaitable[Any]) -> dict[str, Any]:
+    """Await one request made with `_preload_content=False`: the object as the server sent it
+    (opaque fields untouched by the client's models), errors translated as by `call`."""
+    response = await call(what, request)
+    try:
+        body = await call(what, response.read())
+    finally:
+        response.release()
+    status = int(response.status)
+    if not 200 <= status < 300:
+        refused = ApiException(status=status, reason=str(response.reason or ""))
+        refused.body = body
+        raise _from_api_exception(what, refused)
+    try:
+        parsed = json.loads(body)
+    except ValueError as error:
+        raise KubeApiError(what, status, "BadBody", f"the answer is not JSON: {error}") from error
+    if not isinstance(parsed, dict):
+        raise KubeApiError(what, status, "BadBody", "the answer is not an object")
+    return parsed
+
+
 async def connect(
     *, host: str | None = None, kubeconfig: Path | None = None, context: str | None = None
 ) -> Any:

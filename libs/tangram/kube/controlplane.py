@@ -41,6 +41,14 @@ KUBERNETES_VERSION = "v1.34.4"
 PARTITIONABLE_GATES: Mapping[str, bool] = {"DRAPartitionableDevices": True, "DRADeviceTaints": True}
 WHOLE_DEVICE_GATES: Mapping[str, bool] = {"DRAPartitionableDevices": False, "DRADeviceTaints": True}
 
+
+def runtime_config_for(gates: Mapping[str, bool]) -> str:
+    """The API versions the gated features are served at. With device taints on, kube-scheduler
+    and the controller manager watch DeviceTaintRules, served only at resource.k8s.io/v1alpha3 on
+    1.34: without it their caches never sync and no pod is ever scheduled."""
+    return "resource.k8s.io/v1alpha3=true" if gates.get("DRADeviceTaints") else ""
+
+
 _READY = "TANGRAM-CONTROLPLANE READY "
 _SOURCE_FILES = ("go.mod", "go.sum", "main.go")
 # measured: over an hour at nice 10 on a shared, heavily loaded 2-core machine; expect tens of
@@ -174,7 +182,7 @@ class ControlPlane:
         self._data_dir = data_dir
         self._own_dir: tempfile.TemporaryDirectory[str] | None = None
         self.feature_gates = dict(feature_gates)
-        self.runtime_config = runtime_config
+        self.runtime_config = runtime_config or runtime_config_for(self.feature_gates)
         self.controllers = tuple(controllers)
         self.startup_timeout = startup_timeout
         self._process: subprocess.Popen[str] | None = None

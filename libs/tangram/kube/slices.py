@@ -190,9 +190,10 @@ class SlicePublisher:
             extra={
                 "node": self._node,
                 "generation": report.generation,
-                "created": len(report.created),
-                "replaced": len(report.replaced),
-                "deleted": len(report.deleted),
+                # "created" is a LogRecord attribute: a key by that name makes logging raise.
+                "slices_created": len(report.created),
+                "slices_replaced": len(report.replaced),
+                "slices_deleted": len(report.deleted),
                 "conflicts": report.conflicts,
             },
         )

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import NamedTuple, Protocol
+from collections import Counter
+from collections.abc import Callable
+from typing import NamedTuple, Protocol, TypeVar
 
 import msgspec
 
@@ -17,12 +19,14 @@ from tangram.events import (
     Event,
     GpuInfo,
     MigPlacement,
+    NodeHardware,
     NodeInventory,
     PartitionApplied,
     PartitionFailed,
 )
 
 log = logging.getLogger("tangram.kubelet.allocations")
+T = TypeVar("T")
 
 
 class AllocationUnavailable(Exception):
@@ -37,27 +41,41 @@ class AllocationSource(Protocol):
         """
         ...
 
+    async def release(self, allocation: ResolvedAllocation) -> None:
+        """The claim was unprepared: give back what preparing it made on the node (durably sent)."""
+        ...
 
-class _Pending(Exception):
-    """Not ready yet: the message says what is awaited."""
+
+class Pending(Exception):
+    """Not ready yet: the message says what is awaited (raised by what `wait_for` retries)."""
 
 
 class InMemoryAllocationSource:
-    """Folds inventory, allocation and partition events of one node; resolves claims from them."""
+    """Folds inventory, allocation and partition events of one node; resolves claims from them.
+
+    Claims decided by Tangram's allocator are resolved from its allocation events; devices
+    allocated elsewhere (the API server) are resolved against the same inventory and partition
+    results with `resolve_devices`.
+    """
 
     def __init__(self, node: str) -> None:
         self.node = node
+        self.hardware: NodeHardware | None = None
         self._gpus_by_index: dict[int, GpuInfo] = {}
         self._gpus_by_uuid: dict[str, GpuInfo] = {}
         self._allocations: dict[str, ClaimAllocated] = {}
         self._claim_failures: dict[str, str] = {}
         self._created: dict[str, PartitionApplied] = {}  # create results by command id
         self._partition_failures: dict[str, PartitionFailed] = {}  # by command id
+        # (claim, GPU, first slice) -> commands that failed, or creates destroyed since: each closes
+        # one attempt, so that a later prepare of the same claim sends a new command, not the old id.
+        self._closed: Counter[tuple[str, str, int]] = Counter()
         self._changed = asyncio.Event()
 
     def observe(self, event: Event) -> None:
         match event:
             case NodeInventory(hardware=hardware) if hardware.node == self.node:
+                self.hardware = hardware
                 self._gpus_by_index = {gpu.index: gpu for gpu in hardware.gpus}
                 self._gpus_by_uuid = {gpu.uuid: gpu for gpu in hardware.gpus}
                 partial = [
@@ -92,21 +110,52 @@ class InMemoryAllocationSource:
                     self._created.pop(command_id, None)
             case PartitionApplied(node=node, action="create" | "disable-mig") if node == self.node:
                 self._created[event.command_id] = event
+            case PartitionApplied(node=node, action="destroy", claim_uid=uid) if node == self.node and uid:
+                self._closed[(uid, event.gpu_uuid, event.placement.start)] += 1
             case PartitionFailed(node=node) if node == self.node and event.action != "destroy":
                 self._partition_failures[event.command_id] = event
+                if event.claim_uid:
+                    self._closed[(event.claim_uid, event.gpu_uuid, event.placement.start)] += 1
             case _:
                 return
         self._changed.set()
         self._changed = asyncio.Event()
 
     async def resolve(self, claim: ClaimRef, *, timeout_s: float) -> ResolvedAllocation:
+        return await self.wait_for(lambda: self._resolve_now(claim), timeout_s)
+
+    async def release(self, allocation: ResolvedAllocation) -> None:
+        """Nothing to do here: the allocator destroys the claim's instances when it is released."""
+
+    def attempt(self, claim_uid: str, gpu_uuid: str, start: int) -> int:
+        """Which command of this claim for this slot is current: one more after each failed create
+        or disable-mig and each destroy, so a retry or a prepare after an unprepare acts anew."""
+        return self._closed[(claim_uid, gpu_uuid, start)]
+
+    def gpu(self, index: int) -> GpuInfo | None:
+        return self._gpus_by_index.get(index)
+
+    async def resolve_devices(
+        self, claim: ClaimRef, devices: list[AllocatedDevice], *, timeout_s: float
+    ) -> ResolvedAllocation:
+        """Devices allocated outside the bus, each waiting for its partition command's result."""
+        commands = {d.partition_command for d in devices if d.partition_command}
+
+        def now() -> ResolvedAllocation:
+            self._raise_partition_failure(commands, "")
+            return ResolvedAllocation(claim=claim, devices=[self._resolve_device(d) for d in devices])
+
+        return await self.wait_for(now, timeout_s)
+
+    async def wait_for(self, attempt: Callable[[], T], timeout_s: float) -> T:
+        """`attempt()` once it stops raising Pending, retried whenever an event was folded."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
             changed = self._changed
             try:
-                return self._resolve_now(claim)
-            except _Pending as pending:
+                return attempt()
+            except Pending as pending:
                 waiting_for = str(pending)
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -121,9 +170,15 @@ class InMemoryAllocationSource:
             raise AllocationUnavailable(f"claim allocation failed: {self._claim_failures[claim.uid]}")
         allocation = self._allocations.get(claim.uid)
         if allocation is None:
-            raise _Pending(f"waiting for the allocation of claim {claim.uid} on node {self.node}")
+            raise Pending(f"waiting for the allocation of claim {claim.uid} on node {self.node}")
+        self._raise_partition_failure(set(allocation.partitions), claim.uid)
+        return ResolvedAllocation(
+            claim=claim, devices=[self._resolve_device(device) for device in allocation.devices]
+        )
+
+    def _raise_partition_failure(self, commands: set[str], claim_uid: str) -> None:
         for failure in self._partition_failures.values():
-            if failure.command_id in allocation.partitions or failure.claim_uid == claim.uid:
+            if failure.command_id in commands or (claim_uid and failure.claim_uid == claim_uid):
                 detail = f" ({failure.nvml_error})" if failure.nvml_error else ""
                 what = (
                     f"GPU {failure.gpu_uuid} could not leave MIG mode"
@@ -132,9 +187,6 @@ class InMemoryAllocationSource:
                     f"+{failure.placement.size} of GPU {failure.gpu_uuid} could not be created"
                 )
                 raise AllocationUnavailable(f"{what}: {failure.reason}{detail}")
-        return ResolvedAllocation(
-            claim=claim, devices=[self._resolve_device(device) for device in allocation.devices]
-        )
 
     def _instance_for(self, device: AllocatedDevice, gpu: GpuInfo) -> _Instance:
         """The claim's own create result; an instance found in the inventory only when none was made.
@@ -155,13 +207,13 @@ class InMemoryAllocationSource:
             if existing is not None and not existing.complete:
                 # An inventory read while the layout was changing can miss a MIG device's UUID;
                 # the next read will have it, so wait for it rather than fail the claim.
-                raise _Pending(
+                raise Pending(
                     f"waiting for the inventory to report the UUID and capability minors of MIG "
                     f"instance {device.profile} at slices {placement.start}+{placement.size} "
                     f"of GPU {gpu.uuid}"
                 )
         if existing is None:
-            raise _Pending(
+            raise Pending(
                 f"waiting for MIG instance {device.profile} at slices {placement.start}+{placement.size} "
                 f"of GPU {gpu.uuid}"
             )
@@ -170,7 +222,7 @@ class InMemoryAllocationSource:
     def _resolve_device(self, device: AllocatedDevice) -> ResolvedDevice:
         gpu = self._gpus_by_uuid.get(device.gpu_uuid) or self._gpus_by_index.get(device.gpu_index)
         if gpu is None or gpu.uuid != device.gpu_uuid:
-            raise _Pending(f"waiting for GPU {device.gpu_uuid} in the inventory of node {self.node}")
+            raise Pending(f"waiting for GPU {device.gpu_uuid} in the inventory of node {self.node}")
         whole_gpu = ResolvedDevice(
             request=device.request,
             pool=device.pool,
@@ -181,7 +233,7 @@ class InMemoryAllocationSource:
         )
         if device.placement is None:
             if device.partition_command and device.partition_command not in self._created:
-                raise _Pending(f"waiting for GPU {gpu.uuid} to leave MIG mode for a whole-GPU claim")
+                raise Pending(f"waiting for GPU {gpu.uuid} to leave MIG mode for a whole-GPU claim")
             return whole_gpu
         instance = self._instance_for(device, gpu)
         if not instance.complete:

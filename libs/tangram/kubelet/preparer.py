@@ -252,13 +252,16 @@ class ClaimPreparer:
         return ""
 
     async def _unprepare_locked(self, claim: ClaimRef) -> bool:
-        # Spec first, record second: a crash in between leaves a record whose spec is rewritten on
-        # restart, and kubelet, which got no answer, asks to unprepare again.
+        # Spec first, then what preparing made, record last: a crash in between leaves a record
+        # whose spec is rewritten on restart, and kubelet, which got no answer, asks again.
         await asyncio.to_thread(self._writer.remove, claim.uid)
-        known = self._claims.pop(claim.uid, None)
-        if known is not None:
-            await self._checkpoint.save(self._claims)
-        return known is not None
+        known = self._claims.get(claim.uid)
+        if known is None:
+            return False
+        await self._source.release(known.allocation)
+        del self._claims[claim.uid]
+        await self._checkpoint.save(self._claims)
+        return True
 
     async def _emit(self, event: ClaimEvent) -> None:
         if self._on_event is None:

@@ -8,7 +8,9 @@ from collections import Counter
 from tangram.events import (
     ClaimAllocated,
     ClaimFailed,
+    ClaimPrepared,
     ClaimReleased,
+    ClaimUnprepared,
     Event,
     PartitionApplied,
     PartitionFailed,
@@ -33,6 +35,10 @@ class PartitionLedger:
         self._owners: dict[InstanceKey, str] = {}  # instance -> live claim uid
         self._whole_gpus: dict[str, set[str]] = {}  # GPU uuid -> live claims holding it whole
         self._ended: set[str] = set()  # claims released or failed
+        # Claims prepared on this node that the allocator did not decide (kube-scheduler did): live
+        # from their prepare to their unprepare, as the log of this node's kubelet plugin says.
+        self._prepared: set[str] = set()
+        self._decided: set[str] = set()  # every claim the allocator allocated on this node
 
     # ---- folding ----------------------------------------------------------------------------------------
 
@@ -52,6 +58,8 @@ class PartitionLedger:
             case PartitionFailed(node=node) if node == self.node:
                 self._outcomes[event.command_id] = event
             case ClaimAllocated(node=node) if node == self.node:
+                self._decided.add(event.uid)
+                self._prepared.discard(event.uid)  # its prepare may be folded first: streams interleave
                 self._drop_claim(event.uid)
                 self._claims[event.uid] = event
                 for device in event.devices:
@@ -67,6 +75,10 @@ class PartitionLedger:
             case ClaimReleased(uid=uid) | ClaimFailed(uid=uid):
                 self._ended.add(uid)
                 self._drop_claim(uid)
+            case ClaimPrepared(node=node, uid=uid) if node == self.node and uid not in self._decided:
+                self._prepared.add(uid)
+            case ClaimUnprepared(node=node, uid=uid) if node == self.node:
+                self._prepared.discard(uid)
             case _:
                 return
 
@@ -107,8 +119,12 @@ class PartitionLedger:
     def has_ended(self, claim_uid: str) -> bool:
         return claim_uid in self._ended
 
+    def prepared_outside(self, claim_uid: str) -> bool:
+        """Live because this node prepared it, not because the allocator decided it."""
+        return claim_uid in self._prepared
+
     def is_live(self, claim_uid: str) -> bool:
-        return claim_uid in self._claims
+        return claim_uid in self._claims or claim_uid in self._prepared
 
     def owner(self, key: InstanceKey) -> str | None:
         """The live claim whose allocation or creation holds this instance."""

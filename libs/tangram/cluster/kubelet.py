@@ -1,0 +1,223 @@
+"""A kubelet stand-in for one simulated node: what kubelet does with DRA claims, and no more.
+
+It watches the Pods bound to its node. For a new Pod it finds the ResourceClaims the Pod uses
+(named directly, or generated from a template and named in the Pod's status), prepares them
+through the node's DRA socket exactly as kubelet calls it (NodePrepareResources, v1, 45 s), and
+marks the Pod Running. A Pod being deleted has its claims unprepared (those no other Pod of the
+node still uses) and is then removed, as kubelet confirms a deletion once its containers are gone.
+No container runs: this is for trying Tangram with `kubectl` on simulated GPUs, and for tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import grpc
+from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api, V1DeleteOptions, V1Preconditions
+from kubernetes_asyncio.watch import Watch
+
+from tangram.kube import KubeApiError, call
+from tangram.kubelet.client import ClaimHandle, KubeletClient
+
+log = logging.getLogger("tangram.cluster.kubelet")
+
+RETRY_S = (0.5, 1.0, 2.0, 5.0)  # between prepare attempts of a Pod whose claims are not ready
+
+
+@dataclass
+class _PodClaims:
+    handles: list[ClaimHandle] = field(default_factory=list)
+
+
+class NodeKubelet:
+    def __init__(self, api: Any, *, node: str, dra_socket: Path) -> None:
+        self.node = node
+        self._core = CoreV1Api(api)
+        self._resource = ResourceV1Api(api)
+        self._client = KubeletClient(dra_socket)
+        self._prepared: dict[str, _PodClaims] = {}  # pod uid -> its claims, prepared
+        self._retries: dict[str, asyncio.Task[None]] = {}
+        self._attempts: dict[str, int] = {}
+        self._lock = asyncio.Lock()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until `stop`: list the node's Pods, then watch them, listing again after a break."""
+        try:
+            while not stop.is_set():
+                try:
+                    await self._serve_once(stop)
+                except KubeApiError as error:
+                    log.warning("pod watch of node %s interrupted: %s", self.node, error)
+                    await _wait(stop, 1.0)
+        finally:
+            for task in self._retries.values():
+                task.cancel()
+            await asyncio.gather(*self._retries.values(), return_exceptions=True)
+            await self._client.close()
+
+    async def _serve_once(self, stop: asyncio.Event) -> None:
+        selector = f"spec.nodeName={self.node}"
+        listed = await call(
+            f"list Pods of node {self.node}", self._core.list_pod_for_all_namespaces(field_selector=selector)
+        )
+        for pod in listed.items:
+            await self._reconcile(pod, deleted=False)
+        stopped = asyncio.create_task(stop.wait())
+        try:
+            async with Watch() as watch:
+                stream = watch.stream(
+                    self._core.list_pod_for_all_namespaces,
+                    field_selector=selector,
+                    resource_version=listed.metadata.resource_version,
+                    timeout_seconds=300,
+                )
+                while not stop.is_set():
+                    following = asyncio.ensure_future(anext(stream))
+                    await asyncio.wait([following, stopped], return_when=asyncio.FIRST_COMPLETED)
+                    if not following.done():
+                        following.cancel()
+                        await asyncio.gather(following, return_exceptions=True)
+                        return
+                    try:
+                        event = following.result()
+                    except StopAsyncIteration:
+                        return
+                    if event["type"] == "ERROR":
+                        return
+                    await self._reconcile(event["object"], deleted=event["type"] == "DELETED")
+        finally:
+            stopped.cancel()
+            await asyncio.gather(stopped, return_exceptions=True)
+
+    async def _reconcile(self, pod: Any, *, deleted: bool) -> None:
+        async with self._lock:
+            uid = pod.metadata.uid
+            if deleted or pod.metadata.deletion_timestamp is not None:
+                await self._finish(pod, gone=deleted)
+            elif uid not in self._prepared and pod.status.phase in (None, "Pending", "Running"):
+                await self._start(pod)
+
+    async def _start(self, pod: Any) -> None:
+        where = f"{pod.metadata.namespace}/{pod.metadata.name}"
+        try:
+            handles = await self._claims_of(pod)
+            answers = await self._client.prepare(handles) if handles else {}
+        except (KubeApiError, _NotYet) as error:
+            self._retry_later(pod, f"claims of pod {where} not ready: {error}")
+            return
+        except grpc.aio.AioRpcError as error:
+            # The plugin is not serving yet (or restarting): kubelet tries again too.
+            self._retry_later(pod, f"claims of pod {where} not prepared: plugin: {error.details()}")
+            return
+        errors = [f"{h.namespace}/{h.name}: {answers[h.uid].error}" for h in handles if answers[h.uid].error]
+        if errors:
+            self._retry_later(pod, f"claims of pod {where} not prepared: {'; '.join(errors)}")
+            return
+        self._prepared[pod.metadata.uid] = _PodClaims(handles)
+        self._attempts.pop(pod.metadata.uid, None)
+        if pod.status.phase != "Running":
+            now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            status = {
+                "status": {
+                    "phase": "Running",
+                    "startTime": now,
+                    "conditions": [
+                        {"type": "Ready", "status": "True", "lastTransitionTime": now},
+                        {"type": "ContainersReady", "status": "True", "lastTransitionTime": now},
+                    ],
+                }
+            }
+            await call(
+                f"mark pod {where} Running",
+                self._core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, status),
+            )
+        log.info("pod running", extra={"pod": where, "node": self.node, "claims": [h.name for h in handles]})
+
+    async def _claims_of(self, pod: Any) -> list[ClaimHandle]:
+        generated = {s.name: s.resource_claim_name for s in pod.status.resource_claim_statuses or []}
+        handles = []
+        for entry in pod.spec.resource_claims or []:
+            name = entry.resource_claim_name or generated.get(entry.name)
+            if not name:
+                raise _NotYet(f"no ResourceClaim generated yet for {entry.name!r}")
+            claim = await call(
+                f"read ResourceClaim {pod.metadata.namespace}/{name}",
+                self._resource.read_namespaced_resource_claim(name, pod.metadata.namespace),
+            )
+            if claim.status is None or claim.status.allocation is None:
+                raise _NotYet(f"ResourceClaim {name} is not allocated")
+            handles.append(ClaimHandle(namespace=pod.metadata.namespace, uid=claim.metadata.uid, name=name))
+        return handles
+
+    def _retry_later(self, pod: Any, why: str) -> None:
+        uid = pod.metadata.uid
+        attempt = self._attempts.get(uid, 0)
+        self._attempts[uid] = attempt + 1
+        delay = RETRY_S[min(attempt, len(RETRY_S) - 1)]
+        log.warning("%s; trying again in %.1f s", why, delay)
+        previous = self._retries.get(uid)
+        if previous is not None and not previous.done():
+            return
+        self._retries[uid] = asyncio.create_task(
+            self._retry(pod.metadata.namespace, pod.metadata.name, delay)
+        )
+
+    async def _retry(self, namespace: str, name: str, delay: float) -> None:
+        await asyncio.sleep(delay)
+        try:
+            pod = await call(f"read pod {namespace}/{name}", self._core.read_namespaced_pod(name, namespace))
+        except KubeApiError as error:
+            if not error.not_found:
+                log.warning("pod %s/%s not retried: %s", namespace, name, error)
+            return
+        await self._reconcile(pod, deleted=False)
+
+    async def _finish(self, pod: Any, *, gone: bool) -> None:
+        uid = pod.metadata.uid
+        where = f"{pod.metadata.namespace}/{pod.metadata.name}"
+        retry = self._retries.pop(uid, None)
+        if retry is not None and retry is not asyncio.current_task():
+            retry.cancel()
+        self._attempts.pop(uid, None)
+        mine = self._prepared.pop(uid, None)
+        if mine is not None:
+            still_used = {h.uid for other in self._prepared.values() for h in other.handles}
+            release = [h for h in mine.handles if h.uid not in still_used]
+            try:
+                errors = await self._client.unprepare(release) if release else {}
+            except grpc.aio.AioRpcError as error:
+                errors = {h.uid: f"plugin: {error.details()}" for h in release}
+            failed = {uid: error for uid, error in errors.items() if error}
+            if failed:
+                # Kubelet keeps a pod whose claims it could not unprepare and tries again.
+                self._prepared[uid] = mine
+                log.warning("claims of pod %s not unprepared: %s", where, failed)
+                return
+        if gone:
+            return
+        options = V1DeleteOptions(grace_period_seconds=0, preconditions=V1Preconditions(uid=uid))
+        try:
+            await call(
+                f"remove pod {where}",
+                self._core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, body=options),
+            )
+        except KubeApiError as error:
+            if not error.not_found and error.status != 409:
+                raise
+        log.info("pod removed", extra={"pod": where, "node": self.node})
+
+
+class _NotYet(Exception):
+    """What the Pod needs is not there yet (a generated claim, an allocation)."""
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except TimeoutError:
+        return

@@ -1,0 +1,170 @@
+"""What a ResourceClaim read from the API server asks this node to prepare. Pure: no I/O.
+
+Kubelet names a claim (namespace, name, uid); the claim's `status.allocation`, written by
+kube-scheduler (or later by Tangram's allocator), says which devices of which pools it holds and
+which opaque configs apply. Only the results of this driver are this plugin's; a result of this
+driver in another node's pool, or an opaque config of this driver that does not validate, is an
+error naming the field, so kubelet reports it on the pod instead of running it on the wrong devices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Any
+
+from tangram.cdi.devices import ClaimRef
+from tangram.dra.config import TOPOLOGY_KIND, TopologyConfig, parse_topology_config
+from tangram.dra.model import Device
+from tangram.events import NodeHardware
+
+
+class ClaimRefused(ValueError):
+    """The claim cannot be prepared on this node as it stands; the message says why, naming the field."""
+
+
+@dataclass(frozen=True)
+class DeviceResult:
+    """One entry of status.allocation.devices.results for this driver."""
+
+    request: str
+    pool: str
+    device: str
+    admin_access: bool = False
+
+
+@dataclass(frozen=True)
+class TopologyRule:
+    requests: frozenset[str] | None  # None: every request
+    config: TopologyConfig
+    where: str
+
+
+@dataclass(frozen=True)
+class ClaimAllocation:
+    results: tuple[DeviceResult, ...]
+    topology: tuple[TopologyRule, ...]
+
+
+def _mapping(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ClaimRefused(f"{where}: expected an object, got {type(value).__name__}")
+    return value
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ClaimRefused(f"{where}: expected a list, got {type(value).__name__}")
+    return value
+
+
+def read_allocation(obj: Any, claim: ClaimRef, *, driver: str, pool: str) -> ClaimAllocation:
+    """This driver's part of the claim's allocation; ClaimRefused when it is not this node's to prepare."""
+    what = f"ResourceClaim {claim.namespace}/{claim.name}"
+    body = _mapping(obj, what)
+    metadata = _mapping(body.get("metadata") or {}, f"{what} metadata")
+    uid = metadata.get("uid")
+    if uid != claim.uid:
+        raise ClaimRefused(
+            f"{what} has uid {uid!r}, kubelet asked for {claim.uid!r}: the claim was deleted and made again"
+        )
+    allocation = (body.get("status") or {}).get("allocation")
+    if not allocation:
+        raise ClaimRefused(f"{what} is not allocated (status.allocation is empty)")
+    devices = _mapping(
+        _mapping(allocation, "status.allocation").get("devices") or {}, "status.allocation.devices"
+    )
+    results: list[DeviceResult] = []
+    drivers: set[str] = set()
+    for index, raw in enumerate(_list(devices.get("results"), "status.allocation.devices.results")):
+        where = f"status.allocation.devices.results[{index}]"
+        entry = _mapping(raw, where)
+        result_driver = str(entry.get("driver", ""))
+        drivers.add(result_driver)
+        if result_driver != driver:
+            continue
+        if entry.get("pool") != pool:
+            raise ClaimRefused(
+                f"{what}: {where}.pool is {entry.get('pool')!r}, but this is node {pool!r} (pool {pool!r})"
+            )
+        for field in ("request", "device"):
+            if not isinstance(entry.get(field), str) or not entry[field]:
+                raise ClaimRefused(f"{what}: {where}.{field} is missing")
+        results.append(
+            DeviceResult(
+                request=entry["request"],
+                pool=pool,
+                device=entry["device"],
+                admin_access=bool(entry.get("adminAccess")),
+            )
+        )
+    if not results:
+        named = ", ".join(sorted(d for d in drivers if d)) or "no driver"
+        raise ClaimRefused(f"{what} holds no device of driver {driver} (its devices are from {named})")
+    return ClaimAllocation(results=tuple(results), topology=_topology(devices, driver, what))
+
+
+def _topology(devices: dict[str, Any], driver: str, what: str) -> tuple[TopologyRule, ...]:
+    rules: list[TopologyRule] = []
+    for index, raw in enumerate(_list(devices.get("config"), "status.allocation.devices.config")):
+        where = f"status.allocation.devices.config[{index}]"
+        entry = _mapping(raw, where)
+        opaque = entry.get("opaque")
+        if opaque is None:
+            continue
+        opaque = _mapping(opaque, f"{where}.opaque")
+        if opaque.get("driver") != driver:
+            continue
+        parameters = opaque.get("parameters")
+        if not isinstance(parameters, dict):
+            raise ClaimRefused(f"{what}: {where}.opaque.parameters: expected an object")
+        kind = parameters.get("kind")
+        if kind != TOPOLOGY_KIND:
+            raise ClaimRefused(
+                f"{what}: {where}.opaque.parameters.kind: {kind!r} is not a {driver} parameter kind "
+                f"(expected {TOPOLOGY_KIND})"
+            )
+        try:
+            config = parse_topology_config(parameters, f"{where}.opaque.parameters")
+        except ValueError as error:
+            raise ClaimRefused(f"{what}: invalid {TOPOLOGY_KIND}: {error}") from None
+        names = [str(n) for n in _list(entry.get("requests"), f"{where}.requests")]
+        rules.append(TopologyRule(requests=frozenset(names) or None, config=config, where=where))
+    return tuple(rules)
+
+
+def _covered(rule: TopologyRule, request: str) -> bool:
+    """A rule naming a request binds its subrequests too (results name `request/subrequest`)."""
+    return (
+        rule.requests is None
+        or request in rule.requests
+        or request.split("/", maxsplit=1)[0] in rule.requests
+    )
+
+
+def check_topology(
+    allocation: ClaimAllocation, devices: dict[str, Device], hardware: NodeHardware, claim: ClaimRef
+) -> None:
+    """Tangram's TopologyConfig is opaque to kube-scheduler, so the node is where it is enforced."""
+    links = {(link.a, link.b): link for link in hardware.links}
+    for rule in allocation.topology:
+        config = rule.config
+        if config.interconnect != "NVLink" and config.minPairBandwidthGBps <= 0:
+            continue
+        gpus = sorted({devices[r.device].gpu_index for r in allocation.results if _covered(rule, r.request)})
+        for a, b in combinations(gpus, 2):
+            link = links.get((a, b))
+            if config.interconnect == "NVLink" and (link is None or link.nvlinks == 0):
+                raise ClaimRefused(
+                    f"ResourceClaim {claim.namespace}/{claim.name}: {rule.where} asks for NVLink between "
+                    f"its GPUs, but GPUs {a} and {b} of node {hardware.node} are not NVLink-connected"
+                )
+            bandwidth = link.bandwidth_gbps if link is not None else 0.0
+            if bandwidth < config.minPairBandwidthGBps:
+                raise ClaimRefused(
+                    f"ResourceClaim {claim.namespace}/{claim.name}: {rule.where} asks for at least "
+                    f"{config.minPairBandwidthGBps:g} GB/s between each pair of its GPUs, but GPUs {a} "
+                    f"and {b} of node {hardware.node} have {bandwidth:g} GB/s"
+                )

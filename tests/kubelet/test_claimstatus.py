@@ -1,0 +1,115 @@
+"""Reading a claim's allocation for this node, and Tangram's TopologyConfig enforced at prepare."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tangram.cdi.devices import ClaimRef
+from tangram.dra import node_devices
+from tangram.kubelet.claimstatus import ClaimRefused, check_topology, read_allocation
+from tests.allocator.helpers import hardware
+
+DRIVER = "gpu.tangram.dev"
+NODE = "nvl"
+CLAIM = ClaimRef(namespace="ml", name="tp", uid="0b5d0000-0000-4000-8000-000000000001")
+HW = hardware("h100-nvl-4x2", NODE)  # NVLink bridges join GPUs 0-1, 2-3, 4-5, 6-7 at 600 GB/s
+DEVICES = {d.name: d for d in node_devices(HW, driver=DRIVER).devices}
+
+
+def topology(**parameters: Any) -> dict[str, Any]:
+    return {
+        "source": "FromClaim",
+        "requests": ["gpus"],
+        "opaque": {
+            "driver": DRIVER,
+            "parameters": {"apiVersion": "gpu.tangram.dev/v1alpha1", "kind": "TopologyConfig", **parameters},
+        },
+    }
+
+
+def claim(devices: list[str], config: list[dict[str, Any]] | None = None, **extra: Any) -> dict[str, Any]:
+    results = [{"request": "gpus", "driver": DRIVER, "pool": NODE, "device": d, **extra} for d in devices]
+    return {
+        "metadata": {"name": CLAIM.name, "namespace": CLAIM.namespace, "uid": CLAIM.uid},
+        "status": {"allocation": {"devices": {"results": results, "config": config or []}}},
+    }
+
+
+def test_results_of_this_driver_are_read_with_their_request_and_admin_access() -> None:
+    body = claim(["gpu-0", "gpu-1"], adminAccess=True)
+    body["status"]["allocation"]["devices"]["results"].append(
+        {"request": "nic", "driver": "net.example.com", "pool": "other", "device": "eth0"}
+    )
+    allocation = read_allocation(body, CLAIM, driver=DRIVER, pool=NODE)
+    assert [(r.request, r.device, r.admin_access) for r in allocation.results] == [
+        ("gpus", "gpu-0", True),
+        ("gpus", "gpu-1", True),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("devices", "config"),
+    [
+        (["gpu-0", "gpu-1"], topology(interconnect="NVLink")),
+        (["gpu-2", "gpu-3"], topology(minPairBandwidthGBps=600)),
+        (["gpu-0", "gpu-5"], topology(interconnect="Any")),
+    ],
+)
+def test_an_allocation_that_meets_its_topology_config_passes(
+    devices: list[str], config: dict[str, Any]
+) -> None:
+    allocation = read_allocation(claim(devices, [config]), CLAIM, driver=DRIVER, pool=NODE)
+    check_topology(allocation, DEVICES, HW, CLAIM)
+
+
+@pytest.mark.parametrize(
+    ("devices", "config", "message"),
+    [
+        (
+            ["gpu-1", "gpu-2"],
+            topology(interconnect="NVLink"),
+            "GPUs 1 and 2 of node nvl are not NVLink-connected",
+        ),
+        (["gpu-0", "gpu-1"], topology(minPairBandwidthGBps=900), "at least 900 GB/s"),
+    ],
+)
+def test_an_allocation_kube_scheduler_made_against_the_topology_config_is_refused(
+    devices: list[str], config: dict[str, Any], message: str
+) -> None:
+    allocation = read_allocation(claim(devices, [config]), CLAIM, driver=DRIVER, pool=NODE)
+    with pytest.raises(ClaimRefused, match=message):
+        check_topology(allocation, DEVICES, HW, CLAIM)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (claim(["gpu-0"], [topology(placement="Sideways")]), r"config\[0\]\.opaque\.parameters\.placement"),
+        (claim(["gpu-0"], [topology(minPairBandwidthGBps=-1)]), r"parameters\.minPairBandwidthGBps"),
+        (claim(["gpu-0"], [topology(colour="red")]), r"parameters\.colour: Extra inputs are not permitted"),
+        (
+            claim(["gpu-0"], [{"opaque": {"driver": DRIVER, "parameters": {"kind": "SharingConfig"}}}]),
+            r"parameters\.kind: 'SharingConfig' is not a gpu\.tangram\.dev parameter kind",
+        ),
+        (
+            claim(["gpu-0"], [{"opaque": {"driver": DRIVER, "parameters": "x"}}]),
+            r"parameters: expected an object",
+        ),
+        ({"metadata": {"uid": CLAIM.uid}, "status": {}}, r"is not allocated"),
+        (
+            {"metadata": {"uid": CLAIM.uid}, "status": {"allocation": {"devices": {"results": "x"}}}},
+            "expected a list",
+        ),
+        (claim([]), "holds no device of driver gpu.tangram.dev"),
+    ],
+)
+def test_unreadable_allocations_are_refused_naming_the_field(body: dict[str, Any], message: str) -> None:
+    with pytest.raises(ClaimRefused, match=message):
+        read_allocation(body, CLAIM, driver=DRIVER, pool=NODE)
+
+
+def test_an_opaque_config_of_another_driver_is_not_ours_to_read() -> None:
+    other = {"opaque": {"driver": "net.example.com", "parameters": {"kind": "Anything"}}}
+    assert read_allocation(claim(["gpu-0"], [other]), CLAIM, driver=DRIVER, pool=NODE).topology == ()
