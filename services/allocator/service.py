@@ -80,6 +80,28 @@ async def rebuild(ctx: ServiceContext, ledger: Ledger) -> int:
     return count
 
 
+def _log_reused_instances(ledger: Ledger, allocated: ClaimAllocated) -> None:
+    """A MIG device given without a create names an instance the allocator saw on the node."""
+    node = ledger.fleet.node(allocated.node)
+    for device in allocated.devices:
+        if device.placement is None or device.partition_command or node is None:
+            continue
+        seen = [
+            inst.uuid
+            for inst in node.existing.get(device.gpu_index, ())
+            if inst.start == device.placement.start and inst.profile_id == device.profile_id
+        ]
+        log.info(
+            "existing MIG instance reused",
+            extra={
+                "claim": allocated.uid,
+                "device": device.device,
+                "node": allocated.node,
+                "instances": seen,
+            },
+        )
+
+
 def holder_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
@@ -138,6 +160,8 @@ async def _serve(ctx: ServiceContext, settings: AllocatorSettings, tasks: list[a
             log.error("allocated twice, by Tangram and outside it", extra={"conflict": conflict})
         ledger.conflicts.clear()
         for output in outputs:
+            if isinstance(output, ClaimAllocated):
+                _log_reused_instances(ledger, output)
             await ctx.bus.publish(output)
             if isinstance(output, ClaimFailed):
                 log.info(

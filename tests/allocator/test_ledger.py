@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+import pynvml
 import pytest
 
 from tangram.allocation import DeviceClass, FleetState
@@ -450,3 +451,24 @@ def test_a_node_read_again_just_before_a_claim_of_a_new_kind_changes_nothing() -
 
 def uid(n: int) -> str:
     return f"00000000-0000-4000-8000-{n:012d}"
+
+
+def test_a_gpu_instance_without_its_compute_instance_is_never_handed_out() -> None:
+    """An inventory read between a GPU instance's create and its compute instance's shows it
+    without a UUID: its slices are taken, but it is no MIG device a claim could be given."""
+    nvml = SimNvml.from_machine("dgx-h100")
+    nvml.nvmlInit()
+    gpu = nvml.nvmlDeviceGetHandleByIndex(0)
+    nvml.nvmlDeviceSetMigMode(gpu, 1)
+    profile = nvml.nvmlDeviceGetGpuInstanceProfileInfo(gpu, pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE)
+    nvml.nvmlDeviceCreateGpuInstanceWithPlacement(gpu, profile.id, MigPlacement(start=0, size=8))
+    hardware = read_node_hardware(nvml, "n1")
+    [half_made] = [m for g in hardware.gpus if g.index == 0 for m in g.mig_instances]
+    assert half_made.uuid == ""
+    book = ledger()
+    book.apply(NodeInventory(key="n1", hardware=hardware), live=False)
+    outputs = book.apply(request(1, mig("7g.80gb")))
+    allocated = outputs[-1]
+    assert isinstance(allocated, ClaimAllocated)
+    [device] = allocated.devices
+    assert device.gpu_index != 0 and device.partition_command

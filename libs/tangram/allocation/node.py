@@ -155,11 +155,12 @@ class NodeState:
         return next((g.memory_slices for g in self.hw.gpus if g.index == gpu_index), 0)
 
     def instance_for(self, device: DeviceShape) -> ExistingInstance | None:
-        """The live MIG instance at exactly this placement, if there is one not being destroyed."""
+        """The live MIG device at exactly this placement, if there is one not being destroyed."""
         for inst in self.existing.get(device.gpu_index, ()):
             if (
                 inst.profile_id == device.profile_id
                 and inst.mask == device.mask
+                and inst.uuid
                 and (device.gpu_index, inst.profile_id, inst.start) not in self.destroying
             ):
                 return inst
@@ -275,7 +276,10 @@ class NodeState:
                 continue
             exact = None
             for x in live:
-                if x.profile_id == device.profile_id and x.mask == device.mask:
+                # Without a UUID it is no MIG device yet (or any more): a GPU instance read between
+                # its create and its compute instance's, or left by a crash. It holds its slices
+                # but cannot be handed out.
+                if x.profile_id == device.profile_id and x.mask == device.mask and x.uuid:
                     exact = x
                     break
             if exact is not None:
