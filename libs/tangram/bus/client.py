@@ -89,6 +89,11 @@ class BusConfig:
     name: str  # connection name, visible in the server's monitoring
     producer: str  # written in every event's envelope
     credentials_file: str | None = None  # NATS .creds (JWT + nkey); never logged
+    # A file holding the token sent at every (re)connection, read afresh each time so that a
+    # rotated projected service-account token is picked up; never logged.
+    token_file: str | None = None
+    # The NATS user this connection becomes when its URL names none (the auth callout names it).
+    user: str | None = None
     tls_ca_file: str | None = None
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
@@ -115,9 +120,25 @@ def connection_user(config: BusConfig) -> str:
     It prefixes the names of the consumers it creates and its reply inbox, so that the server's
     permissions can tell one user's consumers and replies from another's.
     """
-    user = urlsplit(config.servers[0]).username if config.servers else None
+    user = config.user or (urlsplit(config.servers[0]).username if config.servers else None)
     token = re.sub(r"[^a-z0-9_-]+", "-", (user or config.name).lower()).strip("-_")
     return token[:64] or "tangram"
+
+
+def token_reader(path: str) -> Callable[[], str]:
+    """Reads the token file at each call: nats-py asks at every connection and reconnection, and
+    the kubelet rewrites a projected token before it expires. An unreadable file sends an empty
+    token, which the server refuses, and the client retries."""
+
+    def read() -> str:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                return handle.read().strip()
+        except OSError as exc:
+            log.warning("NATS token file unreadable", extra={"path": path, "error": exc.strerror})
+            return ""
+
+    return read
 
 
 def inbox_prefix(config: BusConfig) -> str:
@@ -208,6 +229,8 @@ class Bus:
         }
         if config.credentials_file is not None:
             options["user_credentials"] = config.credentials_file
+        if config.token_file is not None:
+            options["token"] = token_reader(config.token_file)
         tls = _tls_context(config)
         if tls is not None:
             options["tls"] = tls

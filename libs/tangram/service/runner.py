@@ -14,9 +14,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from tangram.bus import Bus, BusConfig, redact_url
+from tangram.natsauth import node_user
 from tangram.service.health import HealthServer, ReadinessCheck
 from tangram.service.logs import configure_logging
-from tangram.service.settings import ServiceSettings
+from tangram.service.settings import NodeSettings, ServiceSettings
 
 log = logging.getLogger("tangram.service")
 
@@ -37,11 +38,19 @@ ServiceMain = Callable[[ServiceContext], Awaitable[None]]
 
 
 def bus_config(settings: ServiceSettings, *, name: str, producer: str) -> BusConfig:
+    token_file = settings.nats_token_file
+    if token_file is not None and not isinstance(settings, NodeSettings):
+        raise ValueError("a NATS token file identifies a node: only node services take one")
     return BusConfig(
         servers=settings.nats_urls,
         name=name,
         producer=producer,
         credentials_file=str(settings.nats_credentials) if settings.nats_credentials else None,
+        token_file=str(token_file) if token_file is not None else None,
+        # the auth callout names the user after the node the token is bound to
+        user=node_user(settings.node_name)
+        if token_file is not None and isinstance(settings, NodeSettings)
+        else None,
         tls_ca_file=str(settings.nats_tls_ca) if settings.nats_tls_ca else None,
         tls_cert_file=str(settings.nats_tls_cert) if settings.nats_tls_cert else None,
         tls_key_file=str(settings.nats_tls_key) if settings.nats_tls_key else None,
