@@ -23,6 +23,7 @@ import aiohttp
 import nats
 import nats.js.errors
 import pytest
+import yaml
 from kubernetes_asyncio.client import CoreV1Api
 from nats.aio.client import Client as NatsClient
 
@@ -44,8 +45,21 @@ from tangram.natsserver import NatsServer, free_port
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.controlplane]
 
-AUDIENCE = "tangram-nats"
-NODE_SA = "tangram-node"
+DAEMONSET = next(
+    d
+    for d in yaml.safe_load_all(
+        (Path(__file__).resolve().parents[2] / "deploy/kubernetes/node-daemonset.yaml").read_text()
+    )
+    if d and d["kind"] == "DaemonSet"
+)
+# the chart's projected token: its audience is what the callout checks
+AUDIENCE = next(
+    source["serviceAccountToken"]["audience"]
+    for volume in DAEMONSET["spec"]["template"]["spec"]["volumes"]
+    for source in volume.get("projected", {}).get("sources", [])
+    if "serviceAccountToken" in source
+)
+NODE_SA = DAEMONSET["spec"]["template"]["spec"]["serviceAccountName"]
 WAIT_S = 60.0
 
 
@@ -343,13 +357,17 @@ async def test_node_services_start_with_only_the_projected_token(
     node_a = fleet.nodes["a"]
     token_file = tmp_path / "token"
     token_file.write_text(await bound_token(kube, fleet.namespace, NODE_SA, fleet.pods["a"]))
-    env = dict(
-        os.environ,
-        TANGRAM_NATS_URL=fleet.url(),
-        TANGRAM_NATS_TOKEN_FILE=str(token_file),
-        TANGRAM_NODE_NAME=node_a,
-        TANGRAM_LOG_LEVEL="info",
-    )
+    containers = {c["name"]: c for c in DAEMONSET["spec"]["template"]["spec"]["containers"]}
+    chart_env = {e["name"] for e in containers["discovery"]["env"] if e["name"].startswith("TANGRAM_NATS")}
+    # the chart's NATS settings, pointed at this test's server and token file: nothing else
+    assert chart_env == {"TANGRAM_NATS_URL", "TANGRAM_NATS_TOKEN_FILE", "TANGRAM_NATS_STREAM_REPLICAS"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TANGRAM_NATS")}
+    env |= {
+        "TANGRAM_NATS_URL": fleet.url(),
+        "TANGRAM_NATS_TOKEN_FILE": str(token_file),
+        "TANGRAM_NODE_NAME": node_a,
+        "TANGRAM_LOG_LEVEL": "info",
+    }
     sim = ["--sim", "a100-pcie-2x2", "--state-file", str(tmp_path / "gpus.json")]
     processes: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
     for service in ("discovery", "partitioner"):
