@@ -72,6 +72,7 @@ class Fleet:
     namespace: str
     nodes: dict[str, str]  # role (a, b) -> Node name
     pods: dict[str, Any] = field(default_factory=dict)  # role -> Pod as created
+    callout_log: Path | None = None
 
     def url(self, user: str | None = None) -> str:
         if user is None:
@@ -97,14 +98,16 @@ async def create_pod(core: CoreV1Api, namespace: str, name: str, node: str, acco
     return await response.json()
 
 
-async def bound_token(kube: Any, namespace: str, account: str, pod: Any, *, audience: str = AUDIENCE) -> str:
+async def bound_token(
+    kube: Any, namespace: str, account: str, pod: Any, *, audience: str = AUDIENCE, expiration_s: int = 600
+) -> str:
     """What the kubelet projects into the pod: a token for `audience`, bound to the Pod."""
     body = {
         "apiVersion": "authentication.k8s.io/v1",
         "kind": "TokenRequest",
         "spec": {
             "audiences": [audience],
-            "expirationSeconds": 600,
+            "expirationSeconds": expiration_s,
             "boundObjectRef": {
                 "apiVersion": "v1",
                 "kind": "Pod",
@@ -166,6 +169,7 @@ async def fleet(
     await admin.ensure_streams()
     await admin.close()
 
+    fleet.callout_log = tmp_path / "authcallout.log"
     (tmp_path / "callout.url").write_text(fleet.url(CALLOUT_USER))
     log_path = tmp_path / "authcallout.log"
     callout = spawn(
@@ -181,6 +185,8 @@ async def fleet(
             f"{namespace}:{NODE_SA}",
             "--kubeconfig",
             str(controlplane.kubeconfig),
+            "--max-ttl",
+            "900",  # the test's tokens live 600 s, a rotated one 610 s
         ],
         log_path,
     )
@@ -445,3 +451,46 @@ async def test_the_review_binds_the_token_to_its_pods_node(fleet: Fleet, kube: A
     strict = TokenReviewer(kube, audience=AUDIENCE, service_accounts=frozenset({f"{fleet.namespace}:other"}))
     with pytest.raises(Refused, match="does not run node services"):
         await strict.review(token)
+
+
+async def test_a_connection_renews_its_user_with_the_rotated_token(
+    fleet: Fleet, kube: Any, tmp_path: Path
+) -> None:
+    """Rotation: before the token a connection was made with expires (here: 5 s after it was
+    issued, by asking for renewal 595 s before its 600 s are up), the bus reconnects with what
+    the token file holds now. The first token's pod is deleted by then, so only the rotated
+    token can have been accepted."""
+    node_a = fleet.nodes["a"]
+    core = CoreV1Api(kube)
+    token_file = tmp_path / "token"
+    token_file.write_text(await bound_token(kube, fleet.namespace, NODE_SA, fleet.pods["a"]))
+    config = BusConfig(
+        servers=(fleet.url(),),
+        name="rotation",
+        producer="test",
+        token_file=str(token_file),
+        user=node_user(node_a),
+        token_renew_margin_s=595,
+    )
+    bus = await Bus.connect(config, wait_s=30)
+    try:
+        ack = await bus.jetstream.publish(f"tangram.inventory.{node_a}", b"{}", stream=INVENTORY_STREAM)
+        assert ack.stream == INVENTORY_STREAM
+        second = await create_pod(core, fleet.namespace, "tangram-node-a2", node_a, NODE_SA)
+        await call(
+            "delete Pod tangram-node-a",
+            core.delete_namespaced_pod("tangram-node-a", fleet.namespace, grace_period_seconds=0),
+        )
+        # the kubelet's next token: it expires later than the first
+        token_file.write_text(await bound_token(kube, fleet.namespace, NODE_SA, second, expiration_s=610))
+        assert fleet.callout_log is not None
+        log = fleet.callout_log
+        await _until(
+            lambda: f"{fleet.namespace}/tangram-node-a2" in log.read_text(), "a user for the rotated token"
+        )
+        await _until(lambda: bus.nats.is_connected, "reconnected")
+        ack = await bus.jetstream.publish(f"tangram.inventory.{node_a}", b"{}", stream=INVENTORY_STREAM)
+        assert ack.stream == INVENTORY_STREAM
+        assert not bus.nats.is_closed
+    finally:
+        await bus.close()

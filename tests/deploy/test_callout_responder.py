@@ -16,9 +16,9 @@ ISSUER = generate_seed()
 class Reviewer:
     """Token `good-<node>` is that node's pod's; anything else is refused."""
 
-    def __init__(self, nodes: list[str], expires_at: int | None = None) -> None:
+    def __init__(self, nodes: list[str], expires_in: int | None = 600) -> None:
         self.fleet = nodes
-        self.expires_at = expires_at
+        self.expires_in = expires_in
         self.reviewed: list[str] = []
 
     async def review(self, token: str) -> NodeIdentity:
@@ -26,9 +26,8 @@ class Reviewer:
         if not token.startswith("good-"):
             raise Refused("token not authenticated")
         node = token.removeprefix("good-")
-        return NodeIdentity(
-            node=node, namespace="tangram", pod=f"tangram-node-{node}", expires_at=self.expires_at
-        )
+        expires = None if self.expires_in is None else int(time.time()) + self.expires_in
+        return NodeIdentity(node=node, namespace="tangram", pod=f"tangram-node-{node}", expires_at=expires)
 
     async def nodes(self) -> list[str]:
         if not self.fleet:
@@ -47,7 +46,7 @@ async def answer(responder: CalloutResponder, options: dict[str, object]) -> dic
 
 
 async def test_a_nodes_token_gets_that_nodes_user_and_permissions_and_no_more() -> None:
-    responder = CalloutResponder(Reviewer(["gpu-1", "gpu-2.lab", "gpu-3"]), ISSUER, max_ttl_s=600)
+    responder = CalloutResponder(Reviewer(["gpu-1", "gpu-2.lab", "gpu-3"]), ISSUER, max_ttl_s=3600)
     before = int(time.time())
     nats = await answer(responder, {"auth_token": "good-gpu-2.lab", "user": "node-gpu-1"})
     user = decode(str(nats["jwt"]))
@@ -57,11 +56,18 @@ async def test_a_nodes_token_gets_that_nodes_user_and_permissions_and_no_more() 
     assert before + 600 <= user["exp"] <= int(time.time()) + 600
 
 
-async def test_the_user_expires_with_the_token() -> None:
-    expires = int(time.time()) + 120
-    responder = CalloutResponder(Reviewer(["gpu-1"], expires_at=expires), ISSUER, max_ttl_s=3600)
+async def test_the_user_expires_with_the_token_and_no_later_than_the_longest_allowed() -> None:
+    before = int(time.time())
+    responder = CalloutResponder(Reviewer(["gpu-1"], expires_in=120), ISSUER, max_ttl_s=3600)
     user = decode(str((await answer(responder, {"auth_token": "good-gpu-1"}))["jwt"]))
-    assert user["exp"] == expires
+    assert before + 120 <= user["exp"] <= int(time.time()) + 120
+    forever = await answer(
+        CalloutResponder(Reviewer(["gpu-1"], expires_in=None), ISSUER), {"auth_token": "good-gpu-1"}
+    )
+    assert "does not expire" in str(forever["error"]) and "jwt" not in forever
+    too_long = CalloutResponder(Reviewer(["gpu-1"], expires_in=7200), ISSUER, max_ttl_s=3600)
+    refused = await answer(too_long, {"auth_token": "good-gpu-1"})
+    assert "longer than 3600s" in str(refused["error"]) and "jwt" not in refused
 
 
 async def test_a_password_is_taken_as_the_token() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tangram.bus.client import token_reader
+from tangram.bus.client import TokenFile, token_expiry
 from tangram.natsauth import (
     CALLOUT_USER,
     NatsAuthError,
@@ -168,12 +168,19 @@ def test_callout_user_may_only_receive_authorization_requests() -> None:
 def test_the_token_file_is_read_at_each_connection(tmp_path: Path) -> None:
     path = tmp_path / "token"
     path.write_text("first\n")
-    read = token_reader(str(path))
-    assert read() == "first"
+    read = TokenFile(str(path))
+    assert read() == "first" and read.sent == "first"
     path.write_text("rotated\n")  # the kubelet rewrites the projected token
-    assert read() == "rotated"
+    assert read.read() == "rotated" and read.sent == "first"  # looked at, not sent
+    assert read() == "rotated" and read.sent == "rotated"
     path.unlink()
     assert read() == ""  # the server refuses an empty token and the client retries
+
+
+def test_a_tokens_expiry_is_read_for_scheduling_only() -> None:
+    assert token_expiry(encode({"sub": USER_KEY, "exp": 1234}, generate_seed())) == 1234
+    assert token_expiry(encode({"sub": USER_KEY}, generate_seed())) is None
+    assert token_expiry("garbage") is None and token_expiry("a.!!!.c") is None
 
 
 def test_node_settings_with_a_token_file_connect_as_their_node(tmp_path: Path) -> None:

@@ -10,14 +10,12 @@ the client says about itself but the token.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from kubernetes_asyncio.client import AuthenticationV1Api, CoreV1Api
 
+from tangram.bus.client import token_expiry
 from tangram.kube import call
 from tangram.kube.client import KubeApiError
 
@@ -36,19 +34,6 @@ class NodeIdentity:
     namespace: str
     pod: str
     expires_at: int | None  # the token's own expiry (seconds since the epoch), when it names one
-
-
-def token_expiry(token: str) -> int | None:
-    """`exp` of a JWT the API server already verified (read, not trusted for anything else)."""
-    parts = token.split(".")
-    if len(parts) != 3:
-        return None
-    try:
-        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
-    except (binascii.Error, ValueError):
-        return None
-    expires = claims.get("exp") if isinstance(claims, dict) else None
-    return expires if isinstance(expires, int) else None
 
 
 def _first(extra: dict[str, Any], key: str) -> str | None:

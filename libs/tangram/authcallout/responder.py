@@ -2,9 +2,11 @@
 
 Each request carries the connecting client's token; the answer is a user JWT named
 `node-<node>` with `tangram.natsauth.node_permissions` of the node the token is bound to, in
-Tangram's account, expiring with the token (at most `max_ttl_s` from now, so that a node added
-since is denied to the others' users at their next connection). Anything else is answered with
-an error, which nats-server turns into a refused connection.
+Tangram's account, expiring with the token. A token that does not expire, or lives longer than
+`max_ttl_s`, is refused: a user lives no longer than that (so a node added since is denied to the
+others' users at their next connection, and a node's identity ends within that time of its pod's).
+The client reconnects with its rotated token before the user expires (`tangram.bus`). Anything
+else is answered with an error, which nats-server turns into a refused connection.
 """
 
 from __future__ import annotations
@@ -70,22 +72,25 @@ class CalloutResponder:
         if token is None:
             raise Refused("no token: node services connect with their service-account token")
         identity = await self._reviewer.review(token)
+        if identity.expires_at is None:
+            raise Refused("token does not expire: project one with expirationSeconds")
+        if identity.expires_at - now > self.max_ttl_s:
+            raise Refused(
+                f"token lives longer than {self.max_ttl_s}s: project it with a shorter expirationSeconds"
+            )
         try:
             others = [node for node in await self._reviewer.nodes() if node != identity.node]
             permissions = node_permissions(identity.node, others)
             name = node_user(identity.node)
         except (KubeApiError, NatsAuthError) as exc:  # an unlistable fleet, an unusable node name
             raise Refused(f"no permissions for node {identity.node!r}: {exc}") from None
-        expires = now + self.max_ttl_s
-        if identity.expires_at is not None:
-            expires = min(expires, identity.expires_at)
         claims = user_claims(
             user_nkey=request.user_nkey,
             name=name,
             account=self.account,
             permissions=permissions,
             issued_at=now,
-            expires_at=expires,
+            expires_at=identity.expires_at,
         )
         log.info("node identity granted", extra={"user": name, "pod": f"{identity.namespace}/{identity.pod}"})
         return encode(claims, self._seed)
