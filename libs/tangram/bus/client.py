@@ -239,6 +239,15 @@ class Bus:
         self.config = config
         self.user = connection_user(config)
         self._renewal: asyncio.Task[None] | None = None
+        # Set when the connection closed without close() asking: nats-py gives up on a
+        # connection the server ended with an error (an expired or revoked user, a violation).
+        self.lost = asyncio.Event()
+        self._closing = False
+
+    async def _on_closed(self) -> None:
+        if not self._closing:
+            log.error("NATS closed the connection for good", extra={"error": str(self._nc.last_error or "")})
+            self.lost.set()
 
     async def _renew_before_expiry(self, token: TokenFile) -> None:
         """Reconnect with the current token before the one in use expires. A file that still holds
@@ -264,6 +273,12 @@ class Bus:
     @classmethod
     async def connect(cls, config: BusConfig, *, wait_s: float | None = None) -> Bus:
         """Connect, retrying the first connection for `wait_s` (None: forever when reconnect_forever)."""
+        buses: list[Bus] = []  # the one this connection becomes, once it is made
+
+        async def on_closed() -> None:
+            for bus in buses:
+                await bus._on_closed()
+
         options: dict[str, Any] = {
             "servers": list(config.servers),
             "name": config.name,
@@ -274,6 +289,7 @@ class Bus:
             "error_cb": _log_error,
             "disconnected_cb": _log_disconnected,
             "reconnected_cb": _log_reconnected,
+            "closed_cb": on_closed,
             "inbox_prefix": inbox_prefix(config),
         }
         if config.credentials_file is not None:
@@ -290,6 +306,7 @@ class Bus:
             try:
                 nc = await nats.connect(**options)
                 bus = cls(nc, config)
+                buses.append(bus)
                 if token is not None:
                     bus._renewal = asyncio.create_task(
                         bus._renew_before_expiry(token), name="nats-token-renewal"
@@ -789,6 +806,7 @@ class Bus:
 
     async def close(self) -> None:
         """Drain: finish in-flight work, flush publishes, then close."""
+        self._closing = True
         if self._renewal is not None:
             self._renewal.cancel()
             with contextlib.suppress(asyncio.CancelledError):

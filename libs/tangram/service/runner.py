@@ -73,6 +73,14 @@ async def serve(name: str, producer: str, settings: ServiceSettings, main: Servi
     )
     bus = await Bus.connect(bus_config(settings, name=name, producer=producer))
     readiness.append(lambda: None if bus.nats.is_connected else "NATS is unreachable (reconnecting)")
+
+    async def stop_when_lost() -> None:
+        # A connection the server ended for good (an expired user whose token was not rotated in
+        # time, revoked credentials) never comes back: exit, so that a restart connects afresh.
+        await bus.lost.wait()
+        stop.set()
+
+    watch = asyncio.create_task(stop_when_lost(), name="nats-lost")
     try:
         await bus.ensure_streams()
         await main(
@@ -86,12 +94,18 @@ async def serve(name: str, producer: str, settings: ServiceSettings, main: Servi
                 health=health,
             )
         )
+        if bus.lost.is_set():
+            log.error("NATS connection lost for good, exiting")
+            return 1
         log.info("service stopped")
         return 0
     except Exception:
         log.exception("fatal error, exiting")
         return 1
     finally:
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
         with contextlib.suppress(Exception):
             await bus.close()
         await health.stop()
