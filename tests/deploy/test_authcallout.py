@@ -305,10 +305,10 @@ async def test_a_pod_bound_token_becomes_its_nodes_identity_and_no_other(fleet: 
         assert await connection.refused(f"$JS.API.CONSUMER.INFO.{NODES_STREAM}.{durable_b}")
     finally:
         await connection.nc.close()
+    # the server names the connection by the user the callout issued (its log is read as written)
+    await _until(lambda: any("Publish Violation" in line for line in fleet.server.log), "the server logs it")
     refusals = [line for line in fleet.server.log if "Publish Violation" in line]
-    assert refusals and all(f"TANGRAM/user:{user_a}" in line for line in refusals), (
-        "the server names the connection by the user the callout issued"
-    )
+    assert all(f"TANGRAM/user:{user_a}" in line for line in refusals), refusals
 
 
 async def test_the_token_decides_the_node_not_what_the_client_says(fleet: Fleet, kube: Any) -> None:
@@ -332,6 +332,16 @@ async def test_tokens_that_prove_no_node_are_refused(fleet: Fleet, kube: Any) ->
     intruder_pod = await create_pod(core, fleet.namespace, "intruder", fleet.nodes["a"], "intruder")
     intruder = await bound_token(kube, fleet.namespace, "intruder", intruder_pod)
     assert "Authorization Violation" in await refused_connection(fleet, intruder)
+    # an account of the same name in another namespace
+    elsewhere = f"{fleet.namespace}-x"
+    await call("create namespace", core.create_namespace({"metadata": {"name": elsewhere}}))
+    await call(
+        f"create ServiceAccount {NODE_SA} in {elsewhere}",
+        core.create_namespaced_service_account(elsewhere, {"metadata": {"name": NODE_SA}}),
+    )
+    lookalike_pod = await create_pod(core, elsewhere, "tangram-node-a", fleet.nodes["a"], NODE_SA)
+    lookalike = await bound_token(kube, elsewhere, NODE_SA, lookalike_pod)
+    assert "Authorization Violation" in await refused_connection(fleet, lookalike)
     # the right account, but a token meant for another audience
     other_audience = await bound_token(kube, fleet.namespace, NODE_SA, fleet.pods["a"], audience="elsewhere")
     assert "Authorization Violation" in await refused_connection(fleet, other_audience)
@@ -349,10 +359,16 @@ async def test_tokens_that_prove_no_node_are_refused(fleet: Fleet, kube: Any) ->
         "delete Pod tangram-node-b",
         core.delete_namespaced_pod("tangram-node-b", fleet.namespace, grace_period_seconds=0),
     )
-    log_lines = fleet.server.log
+    assert fleet.callout_log is not None
+    log = fleet.callout_log
+
+    def refusals() -> int:
+        return log.read_text().count('"connection refused"')
+
+    before = refusals()
     assert "Authorization Violation" in await refused_connection(fleet, good)
-    refusals = [line for line in fleet.server.log[len(log_lines) - 1 :] if "callout" in line.lower()]
-    assert refusals, "the server logs the callout's refusal"
+    await _until(lambda: refusals() > before, "the callout refused the deleted pod's token")
+    assert "not authenticated" in log.read_text().splitlines()[-1]
 
 
 async def test_node_services_start_with_only_the_projected_token(

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from tangram.authcallout import CalloutResponder, NodeIdentity, Refused
+from tangram.authcallout.__main__ import parse_args
 from tangram.kube import KubeApiError
 from tangram.natsauth import node_permissions
 from tangram.natsjwt import decode, decode_auth_request, generate_seed, permissions_of, public_key_of
@@ -94,3 +97,12 @@ async def test_a_request_that_is_not_a_servers_is_not_answered() -> None:
     assert await responder.answer("garbage") is None
     assert await responder.answer(request_jwt({"auth_token": "good-gpu-1"}, seed=generate_seed())) is None
     assert decode_auth_request(request_jwt({"auth_token": "good-gpu-1"})).token == "good-gpu-1"
+
+
+def test_the_accepted_service_accounts_are_the_given_ones_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TANGRAM_CALLOUT_SERVICE_ACCOUNTS", raising=False)
+    assert parse_args([]).service_account == ["tangram:tangram-node"]
+    given = parse_args(["--service-account", "gpu:nodes", "--service-account", "gpu:more"])
+    assert given.service_account == ["gpu:nodes", "gpu:more"]  # the default is not added
+    monkeypatch.setenv("TANGRAM_CALLOUT_SERVICE_ACCOUNTS", "a:b,c:d")
+    assert parse_args([]).service_account == ["a:b", "c:d"]

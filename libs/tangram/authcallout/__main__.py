@@ -52,15 +52,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--service-account",
         action="append",
-        default=[a for a in (_env("CALLOUT_SERVICE_ACCOUNTS") or "tangram:tangram-node").split(",") if a],
-        help="namespace:name of the node services' service account (default tangram:tangram-node)",
+        help="namespace:name of the node services' service account; repeatable "
+        "(env TANGRAM_CALLOUT_SERVICE_ACCOUNTS, comma-separated; default tangram:tangram-node)",
     )
     parser.add_argument("--max-ttl", type=int, default=int(_env("CALLOUT_MAX_TTL_S", "3600") or 3600))
     parser.add_argument(
         "--kubeconfig", type=Path, default=None, help="default: in-cluster, else ~/.kube/config"
     )
     parser.add_argument("--log-level", default=_env("LOG_LEVEL", "info"))
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not args.service_account:
+        given = _env("CALLOUT_SERVICE_ACCOUNTS") or "tangram:tangram-node"
+        args.service_account = [account for account in given.split(",") if account]
+    return args
 
 
 def _read(path: Path | None, what: str) -> str:
