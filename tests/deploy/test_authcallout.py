@@ -191,7 +191,14 @@ async def fleet(
         log_path,
     )
     try:
-        await _until(lambda: "answering on" in log_path.read_text(), "the callout answers", callout)
+        await _until(lambda: "answering on" in log_path.read_text(), "the callout starts", callout)
+        port = int(log_path.read_text().split("health on port ")[1].split()[0])
+        deadline = asyncio.get_running_loop().time() + WAIT_S
+        while not await _ready(port):
+            assert callout.poll() is None and asyncio.get_running_loop().time() < deadline, (
+                log_path.read_text()
+            )
+            await asyncio.sleep(0.1)
         yield fleet
     finally:
         callout.terminate()
@@ -215,6 +222,18 @@ def spawn(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+
+async def _ready(port: int) -> bool:
+    """/readyz of a Tangram process answers 200."""
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{port}/readyz") as answer,
+        ):
+            return answer.status == 200
+    except aiohttp.ClientError:
+        return False
 
 
 async def _until(check: Any, what: str, process: subprocess.Popen[bytes] | None = None) -> None:
@@ -410,16 +429,6 @@ async def test_node_services_start_with_only_the_projected_token(
     try:
         js = admin.jetstream
 
-        async def ready(port: int) -> bool:
-            try:
-                async with (
-                    aiohttp.ClientSession() as session,
-                    session.get(f"http://127.0.0.1:{port}/readyz") as answer,
-                ):
-                    return answer.status == 200
-            except aiohttp.ClientError:
-                return False
-
         async def stored() -> bool:
             try:
                 await js.get_last_msg(INVENTORY_STREAM, f"tangram.inventory.{node_a}")
@@ -436,7 +445,7 @@ async def test_node_services_start_with_only_the_projected_token(
 
         deadline = asyncio.get_running_loop().time() + WAIT_S
         while not (
-            all([await ready(port) for _, port in processes.values()]) and await stored() and await durable()
+            all([await _ready(port) for _, port in processes.values()]) and await stored() and await durable()
         ):
             dead = [name for name, (p, _) in processes.items() if p.poll() is not None]
             assert not dead, f"exited: {dead}\n{logs()}"

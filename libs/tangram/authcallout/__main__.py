@@ -21,6 +21,7 @@ from tangram.bus import redact_url
 from tangram.kube import KubeConfigError, connect
 from tangram.natsauth import CALLOUT_USER, inbox
 from tangram.natsjwt import NatsJwtError, public_key_of
+from tangram.service.health import HealthServer
 from tangram.service.logs import configure_logging
 
 DEFAULT_AUDIENCE = "tangram-nats"
@@ -59,6 +60,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--kubeconfig", type=Path, default=None, help="default: in-cluster, else ~/.kube/config"
     )
+    parser.add_argument("--health-host", default=_env("HEALTH_HOST", "127.0.0.1"))
+    parser.add_argument(
+        "--health-port",
+        type=int,
+        default=int(_env("HEALTH_PORT", "0") or 0),
+        help="/healthz and /readyz port",
+    )
     parser.add_argument("--log-level", default=_env("LOG_LEVEL", "info"))
     args = parser.parse_args(argv)
     if not args.service_account:
@@ -95,21 +103,43 @@ async def run(args: argparse.Namespace) -> int:
         accounts = frozenset(args.service_account)
         reviewer = TokenReviewer(api, audience=args.audience, service_accounts=accounts)
         responder = CalloutResponder(reviewer, seed, max_ttl_s=args.max_ttl)
+        lost = asyncio.Event()
+
+        async def closed() -> None:
+            if not stop.is_set():  # the server ended the connection for good: exit, be restarted
+                lost.set()
+                stop.set()
+
         nc = await nats.connect(
             url,
             name="tangram-authcallout",
             inbox_prefix=inbox(CALLOUT_USER),
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.25,
+            closed_cb=closed,
         )
+        ready = asyncio.Event()
+        health = HealthServer(
+            args.health_host,
+            args.health_port,
+            ready.is_set,
+            [lambda: None if nc.is_connected else "NATS is unreachable (reconnecting)"],
+        )
+        await health.start()
         try:
-            print(f"tangram authcallout: answering on {redact_url(url)}", file=sys.stderr, flush=True)
-            await responder.serve(nc, stop)
+            print(
+                f"tangram authcallout: answering on {redact_url(url)}, health on port {health.port}",
+                file=sys.stderr,
+                flush=True,
+            )
+            await responder.serve(nc, stop, ready)
         finally:
-            await nc.close()
+            await health.stop()
+            if not nc.is_closed:
+                await nc.close()
     finally:
         await api.close()
-    return 0
+    return 1 if lost.is_set() else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -100,10 +100,13 @@ class CalloutResponder:
         if response is not None and msg.reply:
             await msg.respond(response.encode("ascii"))
 
-    async def serve(self, nc: NatsClient, stop: asyncio.Event) -> None:
-        """Answer requests until `stop`; replicas share the load through one queue group."""
+    async def serve(self, nc: NatsClient, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
+        """Answer requests until `stop`; replicas share the load through one queue group. `ready`
+        is set once the server knows of the subscription."""
         sub = await nc.subscribe(AUTH_SUBJECT, queue=QUEUE, cb=self._on_request)
         await nc.flush()
+        if ready is not None:
+            ready.set()
         try:
             await stop.wait()
         finally:
