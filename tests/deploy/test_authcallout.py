@@ -24,10 +24,11 @@ import nats
 import nats.js.errors
 import pytest
 import yaml
-from kubernetes_asyncio.client import CoreV1Api
+from kubernetes_asyncio.client import AuthenticationV1Api, CoreV1Api
 from nats.aio.client import Client as NatsClient
 
 from tangram.authcallout import Refused, TokenReviewer
+from tangram.authcallout.identity import NODE_NAME, POD_NAME
 from tangram.bus import Bus, BusConfig, partitioner_consumer
 from tangram.events import INVENTORY_STREAM, NODES_STREAM
 from tangram.kube import call
@@ -472,6 +473,11 @@ async def test_the_review_binds_the_token_to_its_pods_node(fleet: Fleet, kube: A
     assert identity.namespace == fleet.namespace
     assert identity.expires_at is not None and 0 < identity.expires_at - time.time() <= 600
     assert await reviewer.node_of_pod(fleet.namespace, "tangram-node-b") == fleet.nodes["b"]
+    # the API server itself names the node (1.32+), so the callout reads no Pod for it
+    body = {"spec": {"token": token, "audiences": [AUDIENCE]}}
+    response = await AuthenticationV1Api(kube).create_token_review(body, _preload_content=False)
+    extra = (await response.json())["status"]["user"]["extra"]
+    assert extra[NODE_NAME] == [fleet.nodes["b"]] and extra[POD_NAME] == ["tangram-node-b"]
     with pytest.raises(Refused, match="not authenticated"):
         await reviewer.review(token[:-4] + "AAAA")
     strict = TokenReviewer(kube, audience=AUDIENCE, service_accounts=frozenset({f"{fleet.namespace}:other"}))
