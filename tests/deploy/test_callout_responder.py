@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
 from tangram.authcallout import CalloutResponder, NodeIdentity, Refused
-from tangram.authcallout.__main__ import parse_args
+from tangram.authcallout.__main__ import nats_tls, parse_args
 from tangram.kube import KubeApiError
 from tangram.natsauth import node_permissions
 from tangram.natsjwt import decode, decode_auth_request, generate_seed, permissions_of, public_key_of
@@ -106,3 +108,23 @@ def test_the_accepted_service_accounts_are_the_given_ones_only(monkeypatch: pyte
     assert given.service_account == ["gpu:nodes", "gpu:more"]  # the default is not added
     monkeypatch.setenv("TANGRAM_CALLOUT_SERVICE_ACCOUNTS", "a:b,c:d")
     assert parse_args([]).service_account == ["a:b", "c:d"]
+
+
+def test_a_tls_nats_is_verified_with_the_ca_given(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The chart's nats.tls.caConfigMap reaches the callout as TANGRAM_NATS_TLS_CA."""
+    ca = tmp_path / "ca.crt"
+    key = tmp_path / "ca.key"
+    new_ca = ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    subject = ["-days", "1", "-subj", "/CN=tangram-test-ca"]
+    subprocess.run([*new_ca, "-keyout", str(key), "-out", str(ca), *subject], check=True, capture_output=True)
+    assert parse_args([]).nats_tls_ca is None and nats_tls(None) is None
+    monkeypatch.setenv("TANGRAM_NATS_TLS_CA", str(ca))
+    given = parse_args([]).nats_tls_ca
+    assert given == ca
+    context = nats_tls(given)
+    assert context is not None
+    assert [dict(entry[0] for entry in cert["subject"]) for cert in context.get_ca_certs()] == [
+        {"commonName": "tangram-test-ca"}
+    ]
+    with pytest.raises(SystemExit, match="cannot load the NATS CA"):
+        nats_tls(tmp_path / "missing.crt")

@@ -91,6 +91,16 @@ def _read(path: Path | None, what: str) -> str:
         raise SystemExit(f"tangram authcallout: cannot read {what} {path}: {exc.strerror}") from None
 
 
+def nats_tls(ca: Path | None) -> ssl.SSLContext | None:
+    """The context that verifies a tls:// NATS server against `ca`; None: the default (system CAs)."""
+    if ca is None:
+        return None
+    try:
+        return ssl.create_default_context(cafile=str(ca))
+    except (OSError, ssl.SSLError) as exc:
+        raise SystemExit(f"tangram authcallout: cannot load the NATS CA {ca}: {exc}") from None
+
+
 async def run(args: argparse.Namespace) -> int:
     url = _read(args.nats_url_file, "--nats-url-file")
     seed = _read(args.issuer_seed_file, "--issuer-seed-file")
@@ -117,10 +127,9 @@ async def run(args: argparse.Namespace) -> int:
                 lost.set()
                 stop.set()
 
-        tls = ssl.create_default_context(cafile=str(args.nats_tls_ca)) if args.nats_tls_ca else None
         nc = await nats.connect(
             url,
-            tls=tls,
+            tls=nats_tls(args.nats_tls_ca),
             name="tangram-authcallout",
             inbox_prefix=inbox(CALLOUT_USER),
             max_reconnect_attempts=-1,
