@@ -4,8 +4,10 @@
 # reaches the process from a mounted Secret or host file, never from the pod spec.
 set -eu
 case "${SERVICE:-}" in
-  allocator|discovery|partitioner|cdi) ;;
-  *) echo "tangram-entrypoint: SERVICE must be allocator, discovery, partitioner or cdi (got '${SERVICE:-}')" >&2; exit 64 ;;
+  allocator|discovery|partitioner|cdi) module="services.$SERVICE" ;;
+  # the NATS auth callout, shipped in the allocator image; it reads TANGRAM_NATS_URL_FILE itself
+  authcallout) module="tangram.authcallout" ;;
+  *) echo "tangram-entrypoint: SERVICE must be allocator, discovery, partitioner, cdi or authcallout (got '${SERVICE:-}')" >&2; exit 64 ;;
 esac
 if [ -n "${TANGRAM_NATS_URL_FILE:-}" ]; then
   if [ ! -r "$TANGRAM_NATS_URL_FILE" ]; then
@@ -15,4 +17,4 @@ if [ -n "${TANGRAM_NATS_URL_FILE:-}" ]; then
   TANGRAM_NATS_URL="$(cat "$TANGRAM_NATS_URL_FILE")"
   export TANGRAM_NATS_URL
 fi
-exec python -m "services.$SERVICE" "$@"
+exec python -m "$module" "$@"

@@ -40,19 +40,38 @@ EVERYTHING = {
     "openshift.enabled": "true",
     "nats.tls.caConfigMap": "nats-ca",
 }
+# Value sets made of settings on top of value files: every optional object on, and an existing
+# NATS whose node users the auth callout issues.
+SETTINGS: dict[str, tuple[list[Path], dict[str, str]]] = {
+    "everything": ([], EVERYTHING),
+    "existing-nats-callout": (
+        VALUE_SETS["existing-nats"],
+        {"nats.authCallout.enabled": "true", "nats.url": "tls://nats.messaging.svc:4222"},
+    ),
+}
+ALL_SETS = [*VALUE_SETS, *SETTINGS]
+# The value sets whose node users come from the auth callout (the others: static url files).
+CALLOUT_SETS = {"default", "openshift", "everything", "existing-nats-callout"}
 CRD_KINDS = {
     ("security.openshift.io/v1", "SecurityContextConstraints"),
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
 }
 WORKLOADS = ("Deployment", "DaemonSet", "StatefulSet", "Job")
 NODE_HOST_PATHS = {
-    "/etc/tangram/nats",
     "/dev",
     "/var/lib/kubelet/plugins",
     "/var/lib/kubelet/plugins_registry",
     "/var/run/cdi",
     "/",
 }
+# Where node provisioning places each node's url file (static node users only).
+NODE_URL_DIR = "/etc/tangram/nats"
+
+
+def _values(value_set: str) -> tuple[list[Path], dict[str, str]]:
+    if value_set in SETTINGS:
+        return SETTINGS[value_set]
+    return VALUE_SETS[value_set], {}
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +88,7 @@ def _objects(text: str) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def rendered(helm: Path) -> dict[str, list[dict[str, Any]]]:
-    out = {name: _objects(chart.template(values, binary=helm)) for name, values in VALUE_SETS.items()}
-    out["everything"] = _objects(chart.template(settings=EVERYTHING, binary=helm))
-    return out
+    return {name: _objects(chart.template(*_values(name), binary=helm)) for name in ALL_SETS}
 
 
 def _one(objects: list[dict[str, Any]], kind: str, suffix: str) -> dict[str, Any]:
@@ -98,10 +115,9 @@ def test_helm_is_the_pinned_release(helm: Path) -> None:
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-@pytest.mark.parametrize("value_set", [*VALUE_SETS, "everything"])
+@pytest.mark.parametrize("value_set", ALL_SETS)
 def test_helm_lint_is_clean(helm: Path, value_set: str, version: str) -> None:
-    values = VALUE_SETS.get(value_set, [])
-    settings = EVERYTHING if value_set == "everything" else {}
+    values, settings = _values(value_set)
     output = chart.lint(values, settings, kube_version=f"{version}.0", binary=helm)
     assert "1 chart(s) linted, 0 chart(s) failed" in output
     assert "[ERROR]" not in output and "[WARNING]" not in output
@@ -129,7 +145,7 @@ def test_the_chart_refuses_kubernetes_before_1_34(helm: Path) -> None:
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-@pytest.mark.parametrize("value_set", [*VALUE_SETS, "everything"])
+@pytest.mark.parametrize("value_set", ALL_SETS)
 def test_every_rendered_object_validates_strictly(
     rendered: dict[str, list[dict[str, Any]]], value_set: str, version: str
 ) -> None:
@@ -162,6 +178,12 @@ def test_the_value_sets_render_what_they_say(rendered: dict[str, list[dict[str, 
         "Service/tangram-nats-headless",
         "PodDisruptionBudget/tangram-nats",
     }
+    callout = {
+        "ServiceAccount/tangram-authcallout",
+        "ClusterRole/tangram-authcallout",
+        "ClusterRoleBinding/tangram-authcallout",
+        "Deployment/tangram-authcallout",
+    }
     always = {
         "ServiceAccount/tangram-allocator",
         "ServiceAccount/tangram-node",
@@ -180,9 +202,10 @@ def test_the_value_sets_render_what_they_say(rendered: dict[str, list[dict[str, 
         "ClusterRole/tangram-node-scc",
         "RoleBinding/tangram-node-scc",
     }
-    assert kinds("default") == always | nats
+    assert kinds("default") == always | nats | callout
     assert kinds("existing-nats") == always
-    assert openshift | always | nats <= kinds("openshift")
+    assert kinds("existing-nats-callout") == always | callout
+    assert openshift | always | nats | callout <= kinds("openshift")
     assert "ServiceMonitor/tangram" in kinds("openshift")
     assert {"Namespace/tangram", "ConfigMap/tangram-dashboard", "ServiceMonitor/tangram"} <= kinds(
         "everything"
@@ -220,7 +243,7 @@ def test_nats_is_three_servers_on_persistent_volumes(rendered: dict[str, list[di
     assert 'store_dir: "/data/jetstream"' in config
 
 
-@pytest.mark.parametrize("value_set", list(VALUE_SETS))
+@pytest.mark.parametrize("value_set", ALL_SETS)
 def test_every_user_of_nats_replicates_streams_three_times(
     rendered: dict[str, list[dict[str, Any]]], value_set: str
 ) -> None:
@@ -231,18 +254,28 @@ def test_every_user_of_nats_replicates_streams_three_times(
             continue
         for container in _pod(obj)["containers"]:
             env = {e["name"]: e.get("value") for e in container["env"]}
+            if container["name"] == "authcallout":
+                # answers the server's authorization requests: no streams, its own static user
+                assert env["TANGRAM_NATS_URL_FILE"] == "/etc/tangram/nats/url"
+                assert "TANGRAM_NATS_STREAM_REPLICAS" not in env
+                continue
             assert env["TANGRAM_NATS_STREAM_REPLICAS"] == "3", container["name"]
-            assert env["TANGRAM_NATS_URL_FILE"] == "/etc/tangram/nats/url"
+            if obj["kind"] == "DaemonSet" and value_set in CALLOUT_SETS:
+                # the node's user comes from its pod's token: no url file, no password
+                assert env["TANGRAM_NATS_TOKEN_FILE"] == "/var/run/secrets/tangram/nats/token"
+                assert "@" not in env["TANGRAM_NATS_URL"] and "TANGRAM_NATS_URL_FILE" not in env
+            else:
+                assert env["TANGRAM_NATS_URL_FILE"] == "/etc/tangram/nats/url"
+                assert "TANGRAM_NATS_TOKEN_FILE" not in env
             users += 1
     assert users == 4
     job = _containers(_one(objects, "Job", "nats-streams"))["streams"]
-    assert "stream_replicas=3)" in job["command"][-1]
+    assert re.search(r"stream_replicas=3[,)]", job["command"][-1])
 
 
 def test_stream_replicas_follow_the_value(helm: Path) -> None:
-    objects = _objects(
-        chart.template(settings={"nats.deploy": "false", "nats.streamReplicas": "1"}, binary=helm)
-    )
+    settings = {"nats.deploy": "false", "nats.url": "nats://nats.messaging:4222", "nats.streamReplicas": "1"}
+    objects = _objects(chart.template(settings=settings, binary=helm))
     job = _containers(_one(objects, "Job", "nats-streams"))["streams"]
     assert "stream_replicas=1)" in job["command"][-1]
     allocator = _containers(_one(objects, "Deployment", "allocator"))["allocator"]
@@ -253,27 +286,84 @@ def test_more_stream_copies_than_servers_is_refused(helm: Path) -> None:
     with pytest.raises(chart.HelmError, match=r"exceeds nats\.server\.replicas"):
         chart.template(settings={"nats.server.replicas": "1"}, binary=helm)
     # an existing NATS: the chart cannot know how many servers it has
-    chart.template(settings={"nats.deploy": "false", "nats.server.replicas": "1"}, binary=helm)
+    existing = {"nats.deploy": "false", "nats.url": "nats://nats.messaging:4222", "nats.server.replicas": "1"}
+    chart.template(settings=existing, binary=helm)
 
 
 def test_existing_nats_uses_the_named_secrets(helm: Path) -> None:
     settings = {
         "nats.deploy": "false",
+        "nats.url": "nats://nats.messaging:4222",
         "nats.urlSecrets.admin": "messaging-admin",
         "nats.urlSecrets.allocator": "messaging-tangram",
+        "nats.authCallout.urlSecret": "messaging-callout",
+        "nats.authCallout.issuerSecret": "messaging-issuer",
     }
     objects = _objects(chart.template(settings=settings, binary=helm))
     job = _pod(_one(objects, "Job", "nats-streams"))
     assert job["volumes"][0]["secret"]["secretName"] == "messaging-admin"
     allocator = _pod(_one(objects, "Deployment", "allocator"))
     assert allocator["volumes"][0]["secret"]["secretName"] == "messaging-tangram"
+    callout = _pod(_one(objects, "Deployment", "authcallout"))
+    secrets = {v["name"]: v["secret"]["secretName"] for v in callout["volumes"]}
+    assert secrets == {"nats-credentials": "messaging-callout", "issuer": "messaging-issuer"}
     assert not [o for o in objects if o["kind"] == "StatefulSet"]
+
+
+def test_node_services_reach_nats_at_the_deployed_service_or_the_given_url(
+    helm: Path, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    def urls(objects: list[dict[str, Any]]) -> set[str]:
+        return {
+            e["value"]
+            for c in _containers(_one(objects, "DaemonSet", "node")).values()
+            for e in c["env"]
+            if e["name"] == "TANGRAM_NATS_URL"
+        }
+
+    assert urls(rendered["default"]) == {"nats://tangram-nats.tangram.svc:4222"}
+    assert urls(rendered["existing-nats-callout"]) == {"tls://nats.messaging.svc:4222"}
+    # an existing NATS with the callout needs its address: the chart cannot guess it
+    with pytest.raises(chart.HelmError, match=r"nats\.url is required"):
+        chart.template(settings={"nats.deploy": "false"}, binary=helm)
+    # a URL with a user and password is refused: node users come from tokens
+    with pytest.raises(
+        chart.HelmError, match=r"/nats/url.: .nats://node:secret@nats:4222. does not match pattern"
+    ):
+        chart.lint(settings={"nats.url": "nats://node:secret@nats:4222"}, binary=helm)
+
+
+def test_node_tokens_are_for_the_callout_and_live_no_longer_than_it_accepts(
+    helm: Path, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    objects = rendered["default"]
+    node = _pod(_one(objects, "DaemonSet", "node"))
+    (volume,) = [v for v in node["volumes"] if v["name"] == "nats-token"]
+    assert volume["projected"]["sources"] == [
+        {"serviceAccountToken": {"audience": "tangram-nats", "expirationSeconds": 3600, "path": "token"}}
+    ]
+    callout = _one(objects, "Deployment", "authcallout")
+    assert callout["spec"]["replicas"] == 2
+    assert _pod(callout)["serviceAccountName"] == "tangram-authcallout"
+    env = {e["name"]: e.get("value") for e in _containers(callout)["authcallout"]["env"]}
+    assert env["TANGRAM_CALLOUT_AUDIENCE"] == "tangram-nats"
+    assert env["TANGRAM_CALLOUT_SERVICE_ACCOUNTS"] == f"tangram:{node['serviceAccountName']}"
+    assert env["TANGRAM_CALLOUT_MAX_TTL_S"] == "3600"
+    with pytest.raises(chart.HelmError, match=r"exceeds nats\.authCallout\.maxTtlSeconds"):
+        chart.template(settings={"nats.authCallout.tokenExpirationSeconds": "7200"}, binary=helm)
+    # static node users: no callout, no token, the url file from the host
+    static = _objects(chart.template(settings={"nats.authCallout.enabled": "false"}, binary=helm))
+    assert not [o for o in static if "authcallout" in o["metadata"]["name"]]
+    volumes = {v["name"]: v for v in _pod(_one(static, "DaemonSet", "node"))["volumes"]}
+    assert "nats-token" not in volumes
+    assert volumes["nats-credentials"]["hostPath"]["path"] == NODE_URL_DIR
 
 
 def test_a_tls_nats_is_verified_with_the_given_ca(rendered: dict[str, list[dict[str, Any]]]) -> None:
     objects = rendered["everything"]
     workloads = [
         _one(objects, "Deployment", "allocator"),
+        _one(objects, "Deployment", "authcallout"),
         _one(objects, "DaemonSet", "node"),
         _one(objects, "Job", "nats-streams"),
     ]
@@ -295,13 +385,14 @@ def test_a_tls_nats_is_verified_with_the_given_ca(rendered: dict[str, list[dict[
     assert 'tls_ca_file="/etc/tangram/nats-ca/ca.crt"' in job["command"][-1]
     # and without a CA, nothing of it
     for obj in rendered["default"]:
-        assert "nats-ca" not in json.dumps(obj), obj["metadata"]["name"]
+        text = json.dumps(obj)
+        assert '"nats-ca"' not in text and "TANGRAM_NATS_TLS_CA" not in text, obj["metadata"]["name"]
 
 
 # --- pods ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value_set", [*VALUE_SETS, "everything"])
+@pytest.mark.parametrize("value_set", ALL_SETS)
 def test_host_paths_only_on_the_node_pod_and_only_the_expected_ones(
     rendered: dict[str, list[dict[str, Any]]], value_set: str
 ) -> None:
@@ -310,17 +401,20 @@ def test_host_paths_only_on_the_node_pod_and_only_the_expected_ones(
             assert not [v for v in _pod(obj).get("volumes", []) if "hostPath" in v], obj["metadata"]["name"]
     node = _pod(_one(rendered[value_set], "DaemonSet", "node"))
     host = {v["name"]: v["hostPath"] for v in node["volumes"] if "hostPath" in v}
-    assert {h["path"] for h in host.values()} == NODE_HOST_PATHS
+    # with the auth callout the node's NATS credential is its projected token, not a host file
+    expected = NODE_HOST_PATHS if value_set in CALLOUT_SETS else NODE_HOST_PATHS | {NODE_URL_DIR}
+    assert {h["path"] for h in host.values()} == expected
     mounts = {c["name"]: {m["name"]: m for m in c["volumeMounts"]} for c in node["containers"]}
     # The host's / only read-only, and only in cdi; /dev only in the partitioner.
     assert mounts["cdi"]["driver-root"]["readOnly"] is True
     assert [c for c, m in mounts.items() if "driver-root" in m] == ["cdi"]
     assert [c for c, m in mounts.items() if "dev" in m] == ["partitioner"]
+    credential = "nats-token" if value_set in CALLOUT_SETS else "nats-credentials"
     for container, used in mounts.items():
-        assert used["nats-credentials"]["readOnly"] is True, container
+        assert used[credential]["readOnly"] is True, container
 
 
-@pytest.mark.parametrize("value_set", [*VALUE_SETS, "everything"])
+@pytest.mark.parametrize("value_set", ALL_SETS)
 def test_only_the_partitioner_is_privileged(
     rendered: dict[str, list[dict[str, Any]]], value_set: str
 ) -> None:
@@ -341,13 +435,17 @@ def test_only_the_partitioner_is_privileged(
     assert privileged == {"DaemonSet/partitioner"}
 
 
-@pytest.mark.parametrize("value_set", [*VALUE_SETS, "everything"])
+@pytest.mark.parametrize("value_set", ALL_SETS)
 def test_services_probe_healthz_and_readyz_on_their_ports(
     rendered: dict[str, list[dict[str, Any]]], value_set: str
 ) -> None:
     expected = {"allocator": 8080, "discovery": 8081, "partitioner": 8082, "cdi": 8083}
+    workloads = [("Deployment", "allocator"), ("DaemonSet", "node")]
+    if value_set in CALLOUT_SETS:
+        expected["authcallout"] = 8080
+        workloads.append(("Deployment", "authcallout"))
     seen = {}
-    for kind, suffix in (("Deployment", "allocator"), ("DaemonSet", "node")):
+    for kind, suffix in workloads:
         for container in _containers(_one(rendered[value_set], kind, suffix)).values():
             env = {e["name"]: e.get("value") for e in container["env"]}
             ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -387,12 +485,15 @@ def test_gpu_operator_driver_root_is_seen_under_the_host_mount(helm: Path) -> No
     assert env["TANGRAM_DRIVER_ROOT_MOUNT"] == "/driver-root/run/nvidia/driver"
 
 
-@pytest.mark.parametrize("value_set", [*VALUE_SETS, "everything"])
+@pytest.mark.parametrize("value_set", ALL_SETS)
 def test_the_environment_is_read_by_the_services(
     rendered: dict[str, list[dict[str, Any]]], value_set: str
 ) -> None:
     known = _settings_env_vars() | {"TANGRAM_NATS_URL_FILE"}  # read by the image's entry point
-    for kind, suffix in (("Deployment", "allocator"), ("DaemonSet", "node")):
+    workloads = [("Deployment", "allocator"), ("DaemonSet", "node")]
+    if value_set in CALLOUT_SETS:
+        workloads.append(("Deployment", "authcallout"))
+    for kind, suffix in workloads:
         for container in _containers(_one(rendered[value_set], kind, suffix)).values():
             names = {e["name"] for e in container["env"] if e["name"].startswith("TANGRAM_")}
             assert names <= known, (container["name"], names - known)
@@ -400,7 +501,12 @@ def test_the_environment_is_read_by_the_services(
 
 def test_openshift_lets_restricted_v2_choose_the_uid(rendered: dict[str, list[dict[str, Any]]]) -> None:
     for value_set, pinned in (("default", True), ("openshift", False)):
-        for kind, suffix in (("Deployment", "allocator"), ("StatefulSet", "nats"), ("Job", "nats-streams")):
+        for kind, suffix in (
+            ("Deployment", "allocator"),
+            ("Deployment", "authcallout"),
+            ("StatefulSet", "nats"),
+            ("Job", "nats-streams"),
+        ):
             context = _pod(_one(rendered[value_set], kind, suffix))["securityContext"]
             assert ("runAsUser" in context) is pinned, (value_set, kind)
             assert ("fsGroup" in context) is pinned, (value_set, kind)
@@ -438,19 +544,33 @@ def test_security_context_constraints_allow_only_the_node_pod(
 # --- RBAC against the code -------------------------------------------------------------------
 
 # Every Kubernetes API call the services' code makes (kubernetes_asyncio method -> the RBAC
-# grant it needs). All are the node pod's: discovery's slices and Node, cdi's claim reads; the
-# allocator and partitioner make none. A new call fails
-# test_rbac_grants_exactly_the_calls_the_code_makes until listed here.
+# grant it needs), by the role of the pod whose code makes it. The node pod's: discovery's slices
+# and Node, cdi's claim reads; the allocator and partitioner make none. The auth callout's: token
+# reviews, a token's pod (for its node, before Kubernetes 1.32) and the Nodes (whose partitioner
+# durables a node's user is denied). A new call fails
+# test_rbac_grants_exactly_the_calls_the_code_makes until listed here, under its role.
 CALLS = {
-    "create_resource_slice": ("resource.k8s.io", "resourceslices", "create"),
-    "replace_resource_slice": ("resource.k8s.io", "resourceslices", "update"),
-    "delete_resource_slice": ("resource.k8s.io", "resourceslices", "delete"),
-    "read_resource_slice": ("resource.k8s.io", "resourceslices", "get"),
-    "list_resource_slice": ("resource.k8s.io", "resourceslices", "list"),
-    "watch:list_resource_slice": ("resource.k8s.io", "resourceslices", "watch"),
-    "read_node": ("", "nodes", "get"),
-    "read_namespaced_resource_claim": ("resource.k8s.io", "resourceclaims", "get"),
+    "node": {
+        "create_resource_slice": ("resource.k8s.io", "resourceslices", "create"),
+        "replace_resource_slice": ("resource.k8s.io", "resourceslices", "update"),
+        "delete_resource_slice": ("resource.k8s.io", "resourceslices", "delete"),
+        "read_resource_slice": ("resource.k8s.io", "resourceslices", "get"),
+        "list_resource_slice": ("resource.k8s.io", "resourceslices", "list"),
+        "watch:list_resource_slice": ("resource.k8s.io", "resourceslices", "watch"),
+        "read_node": ("", "nodes", "get"),
+        "read_namespaced_resource_claim": ("resource.k8s.io", "resourceclaims", "get"),
+    },
+    "authcallout": {
+        "create_token_review": ("authentication.k8s.io", "tokenreviews", "create"),
+        "read_namespaced_pod": ("", "pods", "get"),
+        "list_node": ("", "nodes", "list"),
+    },
 }
+# The code each role's pod runs: the callout its package (python -m tangram.authcallout); the
+# node pod the services and every other library module.
+ROLE_CODE = {"authcallout": ROOT / "libs" / "tangram" / "authcallout"}
+# The workload running under each role's ServiceAccount.
+ROLE_WORKLOAD = {"node": ("DaemonSet", "node"), "authcallout": ("Deployment", "authcallout")}
 # Code under libs/ that services never run: the tests' control plane, this chart's tooling, and
 # `tangram cluster up` (a local cluster with a kubelet stand-in, run by a person, not deployed).
 NOT_SERVICE_CODE = {"controlplane.py", "helm.py"}
@@ -458,11 +578,17 @@ NOT_SERVICE_FOLDERS = {ROOT / "libs" / "tangram" / "cluster"}
 _API_CALL = re.compile(r"\.((?:create|read|replace|patch|delete|list|watch)_(?:namespaced_)?[a-z_]+?)\(")
 
 
-def _api_calls() -> set[str]:
+def _role_of(path: Path) -> str:
+    return next((role for role, folder in ROLE_CODE.items() if folder in path.parents), "node")
+
+
+def _api_calls(role: str) -> set[str]:
     calls = set()
     for folder in (ROOT / "libs" / "tangram", ROOT / "services"):
         for path in folder.rglob("*.py"):
             if path.name in NOT_SERVICE_CODE or NOT_SERVICE_FOLDERS & set(path.parents):
+                continue
+            if _role_of(path) != role:
                 continue
             text = path.read_text()
             if "kubernetes_asyncio" not in text:
@@ -476,20 +602,42 @@ def _api_calls() -> set[str]:
     return calls
 
 
-def test_rbac_grants_exactly_the_calls_the_code_makes(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    assert _api_calls() == set(CALLS)
-    for value_set in VALUE_SETS:
-        objects = rendered[value_set]
-        role = _one(objects, "ClusterRole", "node")
-        grants = {
-            (group, resource, verb)
-            for rule in role["rules"]
-            for group in rule["apiGroups"]
-            for resource in rule["resources"]
-            for verb in rule["verbs"]
-        }
-        assert grants == set(CALLS.values())
-        assert not [o for o in objects if "allocator" in o["metadata"]["name"] and "Role" in o["kind"]]
+def _grants(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_the_api_calls_are_found_in_the_code_of_each_role() -> None:
+    # the comparison below can fail: each role's code really makes its calls, and no other's
+    assert {"create_token_review", "list_node"} <= _api_calls("authcallout")
+    assert {"create_resource_slice", "read_node"} <= _api_calls("node")
+    assert not _api_calls("node") & _api_calls("authcallout")
+
+
+@pytest.mark.parametrize("value_set", ALL_SETS)
+def test_rbac_grants_exactly_the_calls_the_code_makes(
+    rendered: dict[str, list[dict[str, Any]]], value_set: str
+) -> None:
+    objects = rendered[value_set]
+    roles = ["node", "authcallout"] if value_set in CALLOUT_SETS else ["node"]
+    for role in roles:
+        assert _api_calls(role) == set(CALLS[role]), role
+        cluster_role = _one(objects, "ClusterRole", role)
+        assert _grants(cluster_role) == set(CALLS[role].values()), role
+        # granted to the ServiceAccount of the pod that runs that code, and to no other
+        binding = _one(objects, "ClusterRoleBinding", role)
+        assert binding["roleRef"]["name"] == cluster_role["metadata"]["name"]
+        (subject,) = binding["subjects"]
+        kind, suffix = ROLE_WORKLOAD[role]
+        assert _pod(_one(objects, kind, suffix))["serviceAccountName"] == subject["name"] == f"tangram-{role}"
+    granted = {o["metadata"]["name"] for o in objects if o["kind"] in ("ClusterRole", "Role")}
+    assert granted - {"tangram-node-scc"} == {f"tangram-{role}" for role in roles}
+    assert not [o for o in objects if "allocator" in o["metadata"]["name"] and "Role" in o["kind"]]
 
 
 def test_only_the_node_pods_discovery_and_cdi_talk_to_kubernetes() -> None:
@@ -671,7 +819,7 @@ def _in_namespace(objects: list[dict[str, Any]], namespace: str) -> Iterator[dic
 
 @pytest.mark.controlplane
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("value_set", [*VALUE_SETS, "everything"])
+@pytest.mark.parametrize("value_set", ALL_SETS)
 async def test_the_api_server_accepts_every_object(
     kube: Any, unique: str, helm: Path, value_set: str
 ) -> None:
@@ -679,8 +827,7 @@ async def test_the_api_server_accepts_every_object(
     body = V1Namespace(metadata=V1ObjectMeta(name=namespace))
     await call(f"create Namespace {namespace}", CoreV1Api(kube).create_namespace(body))
     try:
-        values = VALUE_SETS.get(value_set, [])
-        settings = EVERYTHING if value_set == "everything" else {}
+        values, settings = _values(value_set)
         objects = _objects(chart.template(values, settings, namespace=namespace, binary=helm))
         discovered: dict[str, dict[str, Any]] = {}
         applied = []

@@ -6,6 +6,7 @@ templates and values are checked in test_helm_chart.py); these tests read the re
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,8 @@ def test_the_expected_objects_are_shipped() -> None:
         "ServiceAccount/tangram-node",
         "ClusterRole/tangram-node",
         "Deployment/tangram-allocator",
+        "Deployment/tangram-authcallout",
+        "ClusterRole/tangram-authcallout",
         "DaemonSet/tangram-node",
         "StatefulSet/tangram-nats",
         "Job/tangram-nats-streams",
@@ -199,7 +202,37 @@ def test_allocator_runs_a_leader_and_a_standby_rolled_one_at_a_time() -> None:
 def test_no_manifest_carries_a_password() -> None:
     for path in DEPLOY.rglob("*.yaml"):
         text = path.read_text().lower()
-        assert "password:" not in text and "nats://" not in text.replace("nats://nats", ""), path
+        assert "password:" not in text and not re.search(r"nats://[^\s/@]*@", text), path
+
+
+def test_authcallout_rbac_is_least_privilege() -> None:
+    assert _grants(_by_kind("ClusterRole", "tangram-authcallout")) == {
+        ("authentication.k8s.io", "tokenreviews", "create"),
+        ("", "pods", "get"),
+        ("", "nodes", "list"),
+    }
+    spec = _by_kind("Deployment", "tangram-authcallout")["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == "tangram-authcallout"
+
+
+def test_node_services_get_nats_identity_from_a_projected_token_only() -> None:
+    """No hand-placed file: the token the kubelet projects, for the callout's audience, bound to
+    the pod; no NATS Secret or host path is mounted into the node pod."""
+    spec = _by_kind("DaemonSet", "tangram-node")["spec"]["template"]["spec"]
+    callout = _containers("Deployment", "tangram-authcallout")["authcallout"]
+    callout_env = {e["name"]: e.get("value") for e in callout["env"]}
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "nats-token"]
+    (source,) = volume["projected"]["sources"]
+    token = source["serviceAccountToken"]
+    assert token["audience"] == callout_env["TANGRAM_CALLOUT_AUDIENCE"]
+    assert callout_env["TANGRAM_CALLOUT_SERVICE_ACCOUNTS"] == f"tangram:{spec['serviceAccountName']}"
+    assert token["expirationSeconds"] <= int(callout_env["TANGRAM_CALLOUT_MAX_TTL_S"])
+    assert not any("secret" in v or "/etc/tangram" in str(v.get("hostPath")) for v in spec["volumes"])
+    for container in spec["containers"]:
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert env["TANGRAM_NATS_TOKEN_FILE"] == f"{mounts['nats-token']}/{token['path']}", container["name"]
+        assert "TANGRAM_NATS_URL_FILE" not in env and "TANGRAM_NATS_CREDENTIALS" not in env
 
 
 def test_nats_is_a_three_server_cluster_and_every_user_of_it_replicates_streams_three_times() -> None:

@@ -17,6 +17,7 @@ from tangram.natsauth import (
     node_user,
     render_authorization,
 )
+from tangram.natsjwt import public_key_of
 from tangram.natsserver import find_nats_server
 
 
@@ -116,3 +117,34 @@ def test_cli_rejects_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str
     (tmp_path / "node-a.password").write_text("has spaces in it, too short\n")
     assert main(["nats-config", "--node", "a", *out]) == 2
     assert "node-a" in capsys.readouterr().err
+
+
+def test_cli_callout_config_lists_no_node_and_keeps_its_issuer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, creds = tmp_path / "nats.conf", tmp_path / "creds"
+    args = ["nats-config", "--callout", "--out", str(out), "--credentials-dir", str(creds)]
+    assert main(args) == 0
+    files = sorted(p.name for p in creds.iterdir())
+    assert files == [
+        "admin.password", "admin.url", "allocator.password", "allocator.url",
+        "authcallout.password", "authcallout.url", "callout-issuer.seed",
+    ]  # fmt: skip
+    for path in [out, *creds.iterdir()]:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    seed = (creds / "callout-issuer.seed").read_text().strip()
+    issuer = public_key_of(seed)
+    config = out.read_text()
+    assert f'issuer: "{issuer}"' in config and "node-" not in config
+    assert seed not in capsys.readouterr().err
+    check = subprocess.run(
+        [find_nats_server(), "-t", "-c", str(out)], check=False, capture_output=True, text=True, timeout=30
+    )
+    assert check.returncode == 0, check.stderr
+    # a second run keeps the issuer: a new one would refuse every node user issued before
+    assert main(args) == 0
+    assert (creds / "callout-issuer.seed").read_text().strip() == seed
+    assert main([*args, "--node", "gpu-a"]) == 2
+    assert "list no --node" in capsys.readouterr().err
+    assert main(["nats-config", "--out", str(out), "--credentials-dir", str(creds)]) == 2
+    assert "--callout" in capsys.readouterr().err

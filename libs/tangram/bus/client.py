@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
+import json
 import logging
 import re
 import ssl
@@ -89,6 +92,15 @@ class BusConfig:
     name: str  # connection name, visible in the server's monitoring
     producer: str  # written in every event's envelope
     credentials_file: str | None = None  # NATS .creds (JWT + nkey); never logged
+    # A file holding the token sent at every (re)connection, read afresh each time so that a
+    # rotated projected service-account token is picked up; never logged.
+    token_file: str | None = None
+    # The NATS user this connection becomes when its URL names none (the auth callout names it).
+    user: str | None = None
+    # With a token file: reconnect this long before the token the connection was made with
+    # expires. The user the auth callout issued for it expires with it, and nats-server then
+    # closes the connection in a way nats-py does not reconnect from.
+    token_renew_margin_s: float = 60.0
     tls_ca_file: str | None = None
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
@@ -115,9 +127,45 @@ def connection_user(config: BusConfig) -> str:
     It prefixes the names of the consumers it creates and its reply inbox, so that the server's
     permissions can tell one user's consumers and replies from another's.
     """
-    user = urlsplit(config.servers[0]).username if config.servers else None
+    user = config.user or (urlsplit(config.servers[0]).username if config.servers else None)
     token = re.sub(r"[^a-z0-9_-]+", "-", (user or config.name).lower()).strip("-_")
     return token[:64] or "tangram"
+
+
+def token_expiry(token: str) -> int | None:
+    """`exp` of a JWT, read without verifying it (the server's side verifies; this only schedules)."""
+    parts = token.split(".")
+    if len(parts) != 3:
+        return None
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except (binascii.Error, ValueError):
+        return None
+    expires = claims.get("exp") if isinstance(claims, dict) else None
+    return expires if isinstance(expires, int) else None
+
+
+class TokenFile:
+    """The token sent at each connection, read afresh each time: nats-py asks at every connection
+    and reconnection, and the kubelet rewrites a projected token before it expires. An unreadable
+    file sends an empty token, which the server refuses, and the client retries. `sent` is the
+    token the current connection was made with."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.sent = ""
+
+    def read(self) -> str:
+        try:
+            with open(self.path, encoding="utf-8") as handle:
+                return handle.read().strip()
+        except OSError as exc:
+            log.warning("NATS token file unreadable", extra={"path": self.path, "error": exc.strerror})
+            return ""
+
+    def __call__(self) -> str:
+        self.sent = self.read()
+        return self.sent
 
 
 def inbox_prefix(config: BusConfig) -> str:
@@ -190,10 +238,47 @@ class Bus:
         self._js: JetStreamContext = nc.jetstream()
         self.config = config
         self.user = connection_user(config)
+        self._renewal: asyncio.Task[None] | None = None
+        # Set when the connection closed without close() asking: nats-py gives up on a
+        # connection the server ended with an error (an expired or revoked user, a violation).
+        self.lost = asyncio.Event()
+        self._closing = False
+
+    async def _on_closed(self) -> None:
+        if not self._closing:
+            log.error("NATS closed the connection for good", extra={"error": str(self._nc.last_error or "")})
+            self.lost.set()
+
+    async def _renew_before_expiry(self, token: TokenFile) -> None:
+        """Reconnect with the current token before the one in use expires. A file that still holds
+        the same token (the kubelet has not rotated it yet) is checked again shortly."""
+        while True:
+            expires = token_expiry(token.sent)
+            if expires is None:
+                return  # a token without expiry: its user does not expire either
+            remaining = expires - time.time()
+            await asyncio.sleep(max(0.0, remaining - self.config.token_renew_margin_s))
+            newer = token_expiry(token.read())
+            if newer is None or newer <= expires:
+                log.warning(
+                    "NATS token not rotated yet", extra={"path": token.path, "expires_in_s": round(remaining)}
+                )
+                await asyncio.sleep(min(5.0, max(0.5, expires - time.time())))
+                continue
+            if self._nc.is_connected:
+                log.info("reconnecting with the rotated NATS token")
+                await self._nc.force_reconnect()
+            await asyncio.sleep(1.0)  # the reconnection sends the rotated token; then look again
 
     @classmethod
     async def connect(cls, config: BusConfig, *, wait_s: float | None = None) -> Bus:
         """Connect, retrying the first connection for `wait_s` (None: forever when reconnect_forever)."""
+        buses: list[Bus] = []  # the one this connection becomes, once it is made
+
+        async def on_closed() -> None:
+            for bus in buses:
+                await bus._on_closed()
+
         options: dict[str, Any] = {
             "servers": list(config.servers),
             "name": config.name,
@@ -204,10 +289,14 @@ class Bus:
             "error_cb": _log_error,
             "disconnected_cb": _log_disconnected,
             "reconnected_cb": _log_reconnected,
+            "closed_cb": on_closed,
             "inbox_prefix": inbox_prefix(config),
         }
         if config.credentials_file is not None:
             options["user_credentials"] = config.credentials_file
+        token = TokenFile(config.token_file) if config.token_file is not None else None
+        if token is not None:
+            options["token"] = token
         tls = _tls_context(config)
         if tls is not None:
             options["tls"] = tls
@@ -216,7 +305,13 @@ class Bus:
         while True:
             try:
                 nc = await nats.connect(**options)
-                return cls(nc, config)
+                bus = cls(nc, config)
+                buses.append(bus)
+                if token is not None:
+                    bus._renewal = asyncio.create_task(
+                        bus._renew_before_expiry(token), name="nats-token-renewal"
+                    )
+                return bus
             except (nats.errors.NoServersError, OSError, nats.errors.TimeoutError) as exc:
                 servers = [redact_url(url) for url in config.servers]
                 if deadline is not None and time.monotonic() > deadline:
@@ -711,6 +806,12 @@ class Bus:
 
     async def close(self) -> None:
         """Drain: finish in-flight work, flush publishes, then close."""
+        self._closing = True
+        if self._renewal is not None:
+            self._renewal.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewal
+            self._renewal = None
         if self._nc.is_closed:
             return
         try:

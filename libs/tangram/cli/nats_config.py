@@ -5,6 +5,11 @@ Writes the server config (a whole config, or only the authorization block) and, 
 TANGRAM_NATS_URL), all with mode 0600. Existing password files are reused, so adding a node
 does not change anyone else's password. Passwords are never printed: without `--out` nothing is
 written and the command says so.
+
+With `--callout`, no node is listed: the config hands every connection but admin, allocator and
+the callout's own user to the auth callout (`python -m tangram.authcallout`), which issues each
+node's user from its pod's service-account token. The callout's issuer seed is written (or
+reused) as `callout-issuer.seed`; its public key is in the config.
 """
 
 from __future__ import annotations
@@ -17,18 +22,32 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from tangram.natsauth import (
+    ADMIN_USER,
+    ALLOCATOR_USER,
+    CALLOUT_USER,
     NatsAuthError,
+    NatsUser,
     TlsFiles,
+    build_callout_users,
     build_users,
     read_password_file,
+    render_callout_authorization,
+    render_callout_server_config,
     render_server_config,
     render_users,
     user_names,
 )
 
+ISSUER_SEED = "callout-issuer.seed"
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--node", action="append", default=[], required=True, help="a node name; repeatable")
+    parser.add_argument("--node", action="append", default=[], help="a node name; repeatable")
+    parser.add_argument(
+        "--callout",
+        action="store_true",
+        help="node users come from the auth callout (pods' service-account tokens): list no node",
+    )
     parser.add_argument(
         "--out", type=Path, help="server config file to write (required: it holds every password)"
     )
@@ -81,6 +100,25 @@ def user_url(server_url: str, user: str, password: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:{password}@{host}{port}"))
 
 
+def _issuer_seed(directory: Path) -> str:
+    """The callout's issuer seed, kept across runs: a new one would void every issued user."""
+    from tangram.natsjwt import NatsJwtError, generate_seed, public_key_of  # noqa: PLC0415 - nkeys, only with --callout
+
+    path = directory / ISSUER_SEED
+    if not path.exists():
+        return generate_seed()
+    try:
+        seed = path.read_text(encoding="utf-8").strip()
+        public_key_of(seed)
+    except OSError as exc:
+        raise NatsAuthError(f"{path} cannot be read: {exc.strerror}") from None
+    except NatsJwtError:
+        raise NatsAuthError(f"{path} is not an nkey seed") from None
+    if not seed.startswith("SA"):
+        raise NatsAuthError(f"{path} is not an account nkey seed (SA...)")
+    return seed
+
+
 def _tls(args: argparse.Namespace) -> TlsFiles | None:
     if args.tls_cert is None and args.tls_key is None:
         if args.tls_ca is not None or args.tls_verify:
@@ -106,15 +144,33 @@ def run(args: argparse.Namespace) -> int:
         if args.out.is_dir():
             raise NatsAuthError(f"--out {args.out} is a directory; name the config file to write")
         tls = _tls(args)
-        names = user_names(args.node)
+        if args.callout:
+            if args.node:
+                raise NatsAuthError("--callout issues node users from tokens: list no --node")
+            names = [ADMIN_USER, ALLOCATOR_USER, CALLOUT_USER]
+        elif not args.node:
+            raise NatsAuthError("name the fleet's nodes with --node (or let the auth callout: --callout)")
+        else:
+            names = user_names(args.node)
         existing = {
             name: read_password_file(name, path)
             for name in names
             if (path := args.credentials_dir / f"{name}.password").exists()
         }
-        users = build_users(args.node, existing)
+        seed = _issuer_seed(args.credentials_dir) if args.callout else None
+        users: list[NatsUser] = (
+            build_callout_users(existing) if args.callout else build_users(args.node, existing)
+        )
         urls = {user.name: user_url(args.server_url, user.name, user.password) for user in users}
-        if args.block_only:
+        if seed is not None:
+            from tangram.natsjwt import public_key_of  # noqa: PLC0415 - nkeys, only with --callout
+
+            issuer = public_key_of(seed)
+            if args.block_only:
+                config = render_callout_authorization(users, issuer)
+            else:
+                config = render_callout_server_config(users, issuer, store_dir=args.store_dir, tls=tls)
+        elif args.block_only:
             config = render_users(users)
         else:
             config = render_server_config(users, store_dir=args.store_dir, tls=tls)
@@ -123,6 +179,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     written: list[Path] = []
     try:
+        if seed is not None:
+            write_secret(args.credentials_dir / ISSUER_SEED, seed + "\n")
+            written.append(args.credentials_dir / ISSUER_SEED)
         for user in users:
             for suffix, text in ((".password", user.password), (".url", urls[user.name])):
                 path = args.credentials_dir / f"{user.name}{suffix}"

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from tangram.bus import Bus, BusConfig, redact_url
+from tangram.natsauth import node_user
 from tangram.service.health import HealthServer, ReadinessCheck
 from tangram.service.logs import configure_logging
-from tangram.service.settings import ServiceSettings
+from tangram.service.settings import NodeSettings, ServiceSettings
 
 log = logging.getLogger("tangram.service")
 
@@ -40,11 +41,19 @@ ServiceMain = Callable[[ServiceContext], Awaitable[None]]
 
 
 def bus_config(settings: ServiceSettings, *, name: str, producer: str) -> BusConfig:
+    token_file = settings.nats_token_file
+    if token_file is not None and not isinstance(settings, NodeSettings):
+        raise ValueError("a NATS token file identifies a node: only node services take one")
     return BusConfig(
         servers=settings.nats_urls,
         name=name,
         producer=producer,
         credentials_file=str(settings.nats_credentials) if settings.nats_credentials else None,
+        token_file=str(token_file) if token_file is not None else None,
+        # the auth callout names the user after the node the token is bound to
+        user=node_user(settings.node_name)
+        if token_file is not None and isinstance(settings, NodeSettings)
+        else None,
         tls_ca_file=str(settings.nats_tls_ca) if settings.nats_tls_ca else None,
         tls_cert_file=str(settings.nats_tls_cert) if settings.nats_tls_cert else None,
         tls_key_file=str(settings.nats_tls_key) if settings.nats_tls_key else None,
@@ -66,6 +75,7 @@ async def serve(name: str, producer: str, settings: ServiceSettings, main: Servi
         extra={"health_port": health.port, "nats": [redact_url(u) for u in settings.nats_urls]},
     )
     bus: Bus | None = None
+    watch: asyncio.Task[None] | None = None
     try:
         # A SIGTERM while NATS is still being reached stops the start, not only a running service.
         bus = await _unless_stopped(Bus.connect(bus_config(settings, name=name, producer=producer)), stop)
@@ -76,7 +86,18 @@ async def serve(name: str, producer: str, settings: ServiceSettings, main: Servi
         readiness.append(
             lambda: None if connected.nats.is_connected else "NATS is unreachable (reconnecting)"
         )
+
+        async def stop_when_lost() -> None:
+            # A connection the server ended for good (an expired user whose token was not rotated
+            # in time, revoked credentials) never comes back: exit, so that a restart connects afresh.
+            await connected.lost.wait()
+            stop.set()
+
+        watch = asyncio.create_task(stop_when_lost(), name="nats-lost")
         if not await _unless_stopped(_true(bus.ensure_streams()), stop):
+            if bus.lost.is_set():
+                log.error("NATS connection lost for good while starting, exiting")
+                return 1
             log.info("stopped while starting")
             return 0
         await main(
@@ -90,12 +111,19 @@ async def serve(name: str, producer: str, settings: ServiceSettings, main: Servi
                 health=health,
             )
         )
+        if bus.lost.is_set():
+            log.error("NATS connection lost for good, exiting")
+            return 1
         log.info("service stopped")
         return 0
     except Exception:
         log.exception("fatal error, exiting")
         return 1
     finally:
+        if watch is not None:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
         if bus is not None:
             with contextlib.suppress(Exception):
                 await bus.close()

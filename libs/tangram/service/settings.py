@@ -17,6 +17,9 @@ class ServiceSettings(BaseModel):
 
     nats_urls: tuple[str, ...] = Field(min_length=1)
     nats_credentials: Path | None = None
+    # The pod's projected service-account token: the NATS auth callout turns it into this node's
+    # user (node services only); re-read at every reconnection.
+    nats_token_file: Path | None = None
     nats_tls_ca: Path | None = None
     nats_tls_cert: Path | None = None
     nats_tls_key: Path | None = None
@@ -67,6 +70,11 @@ def add_service_arguments(parser: argparse.ArgumentParser, *, node: bool = False
         help="NATS server URL; repeatable (env TANGRAM_NATS_URL, comma-separated)",
     )
     parser.add_argument("--nats-credentials", default=_env("NATS_CREDENTIALS"), help="NATS .creds file")
+    parser.add_argument(
+        "--nats-token-file",
+        default=_env("NATS_TOKEN_FILE"),
+        help="projected service-account token sent to the NATS auth callout (env TANGRAM_NATS_TOKEN_FILE)",
+    )
     parser.add_argument("--nats-tls-ca", default=_env("NATS_TLS_CA"))
     parser.add_argument("--nats-tls-cert", default=_env("NATS_TLS_CERT"))
     parser.add_argument("--nats-tls-key", default=_env("NATS_TLS_KEY"))
@@ -93,6 +101,7 @@ def service_fields(args: argparse.Namespace) -> dict[str, object]:
     fields: dict[str, object] = {
         "nats_urls": tuple(urls),
         "nats_credentials": args.nats_credentials,
+        "nats_token_file": args.nats_token_file,
         "nats_tls_ca": args.nats_tls_ca,
         "nats_tls_cert": args.nats_tls_cert,
         "nats_tls_key": args.nats_tls_key,

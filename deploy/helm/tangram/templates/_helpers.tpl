@@ -31,10 +31,50 @@
 
 {{- define "tangram.natsEnv" -}}
 - {name: TANGRAM_NATS_URL_FILE, value: /etc/tangram/nats/url}
+{{ include "tangram.natsStreamEnv" . }}
+{{- end -}}
+
+{{- define "tangram.natsStreamEnv" -}}
 - {name: TANGRAM_NATS_STREAM_REPLICAS, value: {{ .Values.nats.streamReplicas | quote }}}
 {{- with .Values.nats.tls.caConfigMap }}
 - {name: TANGRAM_NATS_TLS_CA, value: {{ include "tangram.natsCaFile" $ }}}
 {{- end }}
+{{- end -}}
+
+{{/* The node services' NATS: the address and their projected token with the auth callout, else
+the url file (with the node's user and password) that node provisioning placed on the host. */}}
+{{- define "tangram.nodeNatsEnv" -}}
+{{- if .Values.nats.authCallout.enabled -}}
+- {name: TANGRAM_NATS_URL, value: {{ include "tangram.natsUrl" . }}}
+- {name: TANGRAM_NATS_TOKEN_FILE, value: {{ include "tangram.natsTokenDir" . }}/token}
+{{- else -}}
+- {name: TANGRAM_NATS_URL_FILE, value: /etc/tangram/nats/url}
+{{- end }}
+{{ include "tangram.natsStreamEnv" . }}
+{{- end -}}
+
+{{/* The NATS address without credentials: nats.url, else the Service of the cluster deployed here. */}}
+{{- define "tangram.natsUrl" -}}
+{{- if .Values.nats.url -}}
+{{- .Values.nats.url -}}
+{{- else if .Values.nats.deploy -}}
+nats://{{ include "tangram.fullname" . }}-nats.{{ include "tangram.namespace" . }}.svc:4222
+{{- else -}}
+{{- fail "nats.url is required with nats.deploy=false and nats.authCallout.enabled: the existing NATS address node services connect to with their token" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "tangram.natsTokenDir" -}}
+/var/run/secrets/tangram/nats
+{{- end -}}
+
+{{/* The node services' NATS credential mount: the projected token, or the host's url file. */}}
+{{- define "tangram.nodeNatsMount" -}}
+{{- if .Values.nats.authCallout.enabled -}}
+- {name: nats-token, mountPath: {{ include "tangram.natsTokenDir" . }}, readOnly: true}
+{{- else -}}
+- {name: nats-credentials, mountPath: /etc/tangram/nats, readOnly: true}
+{{- end -}}
 {{- end -}}
 
 {{/* Where the containers see the CA of a NATS that speaks TLS (nats.tls.caConfigMap). */}}
