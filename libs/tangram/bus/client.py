@@ -86,6 +86,13 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
 _TRANSIENT_API_CODES = frozenset({10005})
 
 
+def _is_transient(error: BaseException | None) -> bool:
+    """What _api retries: timeouts and the cluster's temporary unavailability."""
+    if isinstance(error, nats.js.errors.APIError) and not isinstance(error, _TRANSIENT):
+        return error.err_code in _TRANSIENT_API_CODES
+    return isinstance(error, _TRANSIENT)
+
+
 @dataclass(frozen=True)
 class BusConfig:
     servers: tuple[str, ...]
@@ -670,12 +677,9 @@ class Bus:
         messages with the same key keep their order and different keys run concurrently, at most
         `concurrency` at once (a partitioner reconfigures GPUs in parallel, each GPU in order).
         """
-        await self.ensure_consumer(spec)
-        sub = await self._api(
-            lambda: self._js.pull_subscribe_bind(spec.durable, stream=spec.stream),
-            f"bind consumer {spec.durable}",
-            retry_s=10,
-        )
+        sub = await self._bound(spec, stop)
+        if sub is None:
+            return
         if ready is not None:
             ready.set()
         watch = _SlowWatch(interval_s=max(spec.ack_wait_s / 3, 0.5))
@@ -709,6 +713,28 @@ class Bus:
                 await heartbeat
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    async def _bound(self, spec: ConsumerSpec, stop: asyncio.Event) -> Any:
+        """The consumer created and bound; None once `stop` is set first. While a cluster elects
+        new leaders (a server lost) this can take longer than one API call's retries: it is tried
+        again for as long as the service runs. Refusals (permissions, a bad config) are raised."""
+        while True:
+            try:
+                await self.ensure_consumer(spec)
+                return await self._api(
+                    lambda: self._js.pull_subscribe_bind(spec.durable, stream=spec.stream),
+                    f"bind consumer {spec.durable}",
+                    retry_s=10,
+                )
+            except BusError as exc:
+                if not _is_transient(exc.__cause__):
+                    raise
+                log.warning(
+                    "consumer not ready, retrying", extra={"consumer": spec.durable, "error": str(exc)}
+                )
+            await _sleep_or_stop(stop, 1.0)
+            if stop.is_set():
+                return None
 
     async def _decoded(self, spec: ConsumerSpec, msg: Msg) -> Event | None:
         """The message's event, or None once undecodable bytes are in the dead letter."""
