@@ -62,11 +62,15 @@ def released(uid: str) -> ClaimReleased:
 
 
 async def result_of(results: Inbox, command_id: str) -> PartitionApplied | PartitionFailed:
-    while True:
+    """The command's result, whenever it came: results of other commands read meanwhile are kept
+    (a reconcile's result may arrive before or after a create's)."""
+    while command_id not in results.results:
         event = await results.next(PartitionApplied | PartitionFailed)  # type: ignore[arg-type]
         assert isinstance(event, PartitionApplied | PartitionFailed)
-        if event.command_id == command_id:
-            return event
+        results.results[event.command_id] = event
+    found = results.results.pop(command_id)
+    assert isinstance(found, PartitionApplied | PartitionFailed)
+    return found
 
 
 async def create_for(bus: Bus, view: SimNvml, results: Inbox, uid: str, shape: dict[str, object]) -> str:

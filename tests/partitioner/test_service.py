@@ -36,6 +36,8 @@ from tests.partitioner.helpers import MINORS, NODE, command, gpu_uuid, sim
 class Inbox:
     def __init__(self) -> None:
         self.events: asyncio.Queue[Event] = asyncio.Queue()
+        # partition results read while waiting for another command's, by command id
+        self.results: dict[str, Event] = {}
 
     async def deliver(self, msg: Msg) -> None:
         self.events.put_nowait(decode(msg.data))
