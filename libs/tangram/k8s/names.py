@@ -37,3 +37,8 @@ def validate_device_name(name: str) -> str:
     if not isinstance(name, str) or not DNS_LABEL.fullmatch(name):
         raise InvalidName(f"device name {name!r} is not a DNS label")
     return name
+
+# The scheduling gate that holds a pod using Tangram's claims until the allocator has written their
+# allocation: added at admission, removed by the allocator (or after its timeout, to let
+# kube-scheduler decide instead).
+SCHEDULING_GATE = "gpu.tangram.dev/allocation"
