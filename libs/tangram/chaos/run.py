@@ -20,6 +20,7 @@ import time
 import urllib.request
 import uuid
 from collections import Counter, deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,7 +65,8 @@ from tangram.events import (
 )
 from tangram.k8s.deviceclasses import load_shipped_device_classes
 from tangram.kubelet.client import ClaimHandle, KubeletClient
-from tangram.nvml import SimNvml
+from tangram.nvml import SimNvml, parse_mig_minors, render_mig_minors
+from tangram.partitioning import MigExecutor
 
 DEFAULT_NODES = (SimNode("node-a", "hgx-h200"), SimNode("node-b", "dgx-h100"))
 SERVICE_RETRY_S = 0.25
@@ -433,8 +435,9 @@ class ChaosRun:
         problems["slice_held_twice"] = overlapping_allocations(log)
         problems["partition_unanswered"] = unanswered_commands(node_log, refused)
         present = {node.name: self._mig_uuids(node) for node in self.config.nodes}
+        live = live_claims(stories)
         leaked, missing = leaked_instances(
-            present, self._instances_before, node_log, live_claims(stories), {}
+            present, self._instances_before, node_log, live, warm={}, reused=self._reused_instances(live)
         )
         problems["instance_leaked"] = leaked
         problems["live_instance_missing"] = missing
@@ -538,6 +541,27 @@ class ChaosRun:
             for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(device)):
                 with contextlib.suppress(Exception):
                     found.add(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetMigDeviceHandleByIndex(device, slot)))
+        return found
+
+    def _reused_instances(self, live: Mapping[str, ClaimAllocated]) -> dict[str, set[str]]:
+        """Per node, the instances live claims hold that no create of theirs made: each device
+        given without a partition command sits on the instance found at its placement."""
+        found: dict[str, set[str]] = {}
+        for allocation in live.values():
+            slots = {
+                (device.gpu_index, device.placement.start)
+                for device in allocation.devices
+                if device.placement is not None and not device.partition_command
+            }
+            if not slots:
+                continue
+            executor = MigExecutor(self._sim(allocation.node), minors=parse_mig_minors(render_mig_minors()))
+            for gpu_index, start in slots:
+                found.setdefault(allocation.node, set()).update(
+                    instance.mig_uuid
+                    for instance in executor.observe(gpu_index)
+                    if instance.placement.start == start and instance.mig_uuid
+                )
         return found
 
     def _cdi_uids(self, node: str) -> set[str]:
