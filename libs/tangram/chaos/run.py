@@ -31,7 +31,13 @@ from nats.aio.msg import Msg
 
 from tangram.allocation import DeviceClass, FleetState
 from tangram.allocation.ledger import Ledger
-from tangram.bus import Bus, BusConfig, allocator_log_sources
+from tangram.bus import (
+    Bus,
+    BusConfig,
+    allocator_consumer,
+    allocator_log_sources,
+    allocator_results_consumer,
+)
 from tangram.chaos.faults import FAULT_KINDS, FaultKind, fault_order
 from tangram.chaos.invariants import (
     claim_stories,
@@ -478,9 +484,23 @@ class ChaosRun:
                 return letters
             await asyncio.sleep(0.5)
 
-    async def _settled_node_log(self, refused: set[str], timeout_s: float = 180.0) -> list[Event]:
-        """The node log once every partition command has its result (or the time is up)."""
+    async def _allocator_drained(self, timeout_s: float) -> None:
+        """Until the allocator has acknowledged every claim event and partition result (or the time
+        is up): a release it must act on may still wait for redelivery to a restarted allocator."""
         deadline = time.monotonic() + timeout_s
+        specs = (allocator_consumer(), allocator_results_consumer())
+        while time.monotonic() < deadline:
+            with contextlib.suppress(nats.errors.Error, nats.js.errors.Error, TimeoutError):
+                infos = [await self.bus.jetstream.consumer_info(spec.stream, spec.durable) for spec in specs]
+                if all(info.num_pending == 0 and info.num_ack_pending == 0 for info in infos):
+                    return
+            await asyncio.sleep(0.5)
+
+    async def _settled_node_log(self, refused: set[str], timeout_s: float = 180.0) -> list[Event]:
+        """The node log once the allocator has acted on everything and every partition command has
+        its result (or the time is up)."""
+        deadline = time.monotonic() + timeout_s
+        await self._allocator_drained(timeout_s)
         while True:
             node_log = [event async for _, event in self.bus.replay(NODES_STREAM)]
             if not unanswered_commands(node_log, refused) or time.monotonic() > deadline:
