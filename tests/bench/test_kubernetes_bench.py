@@ -4,12 +4,15 @@ run computed from hand-built pods and placements."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
 from services.allocator.settings import AllocatorSettings
+from tangram import DRIVER_NAME
 from tangram.bench import kubernetes as kb
-from tangram.bench.traces import Arrival, ClaimShape, Departure, alive_at_end
+from tangram.bench.traces import Arrival, ClaimShape, Departure, alive_at_end, machine_hardware
+from tangram.dra import node_devices
 from tangram.k8s.names import SCHEDULING_GATE
 
 ONE = ClaimShape("gpu", 1)
@@ -71,11 +74,14 @@ def test_a_run_reports_what_was_admitted_before_the_first_unplaceable_pod() -> N
         kb.PodRecord("a", ONE, created=0.0, node="n", scheduled=0.1, prepared=0.5),
         kb.PodRecord("b", MIG_1G, created=1.0, node="n", scheduled=1.3, prepared=2.0),
         kb.PodRecord("c", PAIR, created=2.0, unplaceable="no pair", unplaceable_at=2.2),
+        kb.PodRecord("d", MIG_1G, created=3.0, node="n", scheduled=3.5),
+        kb.PodRecord("e", PAIR, created=4.0, unplaceable="still no pair", unplaceable_at=4.2),
     ]
     nvlink = kb.NvlinkTally(multi_gpu=4, best_available=3, ideal=2)
     report = kb.run_report(records, stranded_gpus=1.5, nvlink=nvlink, departures=7)
-    assert report["pods_created"] == 3
+    assert report["pods_created"] == 5
     assert report["pods_deleted"] == 7
+    assert (report["pods_scheduled"], report["pods_unplaceable"]) == (3, 2)
     assert report["admitted_before_first_unplaceable"] == 2
     assert report["first_unplaceable"] == {"pod": "c", "claim": "2gpu-nvlink", "reason": "no pair"}
     assert report["admitted_gpus"] == 1.125  # a whole GPU and one of eight memory slices
@@ -83,11 +89,12 @@ def test_a_run_reports_what_was_admitted_before_the_first_unplaceable_pod() -> N
     assert report["multi_gpu_claims"] == 4
     assert report["multi_gpu_nvlink_optimal_share"] == 0.75
     assert report["multi_gpu_ideal_set_share"] == 0.5
-    assert report["create_to_scheduled"] == {"p50_ms": 200.0, "p99_ms": 300.0}
+    # every scheduled pod: 100, 300 and 500 ms to be scheduled; a and b prepared in 500 and 1000
+    assert report["create_to_scheduled"] == {"p50_ms": 300.0, "p99_ms": 500.0}
     assert report["create_to_prepared"] == {"p50_ms": 750.0, "p99_ms": 1000.0}
-    assert report["prepared"] == 2 and report["not_prepared"] == 0
-    assert report["decisions"] == 3
-    assert report["decisions_per_s"] == 5.0  # 3 decisions in 0.1 + 0.3 + 0.2 s
+    assert report["prepared"] == 2 and report["not_prepared"] == 1
+    assert report["decisions"] == 5
+    assert report["decisions_per_s"] == 3.85  # 5 decisions in 0.1 + 0.3 + 0.2 + 0.5 + 0.2 = 1.3 s
 
 
 def test_a_run_without_an_unplaceable_pod_admits_them_all() -> None:
@@ -176,3 +183,13 @@ def test_the_table_shows_each_decider_and_the_ratio() -> None:
     text = kb.table(result)
     assert "kube-scheduler" in text and "tangram / kube-scheduler" in text
     assert "admitted before first unplaceable" in text and "create -> prepared p99 ms" in text
+
+
+def test_the_nodes_start_from_the_clean_machines_the_tally_lays_allocations_on(tmp_path: Path) -> None:
+    for machine in kb.MACHINES:
+        simulated = machine_hardware(str(kb.clean_machine(machine, tmp_path)), keep_instances=True)
+        [tallied] = kb.node_hardware([("template", machine)])
+        assert not any(gpu.mig_instances or gpu.mig_enabled for gpu in simulated.gpus)
+        names = [d.name for d in node_devices(simulated, driver=DRIVER_NAME).devices]
+        assert names == [d.name for d in node_devices(tallied, driver=DRIVER_NAME).devices]
+        assert len(simulated.gpus) == 8

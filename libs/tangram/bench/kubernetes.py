@@ -33,12 +33,14 @@ import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
 from kubernetes_asyncio.watch import Watch
 
@@ -60,6 +62,7 @@ from tangram.cluster.kubelet import NodeKubelet
 from tangram.cluster.up import install_device_classes
 from tangram.demo.cluster import LocalCluster, SimNode
 from tangram.events.inventory import NodeHardware
+from tangram.hardware import machines
 from tangram.k8s.names import SCHEDULING_GATE
 from tangram.kube import KubeApiError, call, call_json
 from tangram.kube.controlplane import ControlPlane, ControlPlaneError, register_node
@@ -105,14 +108,28 @@ def fleet(nodes: int, *, prefix: str = "") -> list[tuple[str, str]]:
 
 
 def node_hardware(nodes: list[tuple[str, str]]) -> list[NodeHardware]:
-    """Each node's hardware as its simulated GPUs start (MIG instances included)."""
+    """Each node's hardware as its simulated GPUs start: clean copies of the machines (no MIG
+    instance, MIG mode off where it can be toggled without a reset), as `clean_machine` writes."""
     templates: dict[str, NodeHardware] = {}
     found = []
     for name, machine in nodes:
         if machine not in templates:
-            templates[machine] = machine_hardware(machine, keep_instances=True)
+            templates[machine] = machine_hardware(machine)
         found.append(_renamed(templates[machine], name))
     return found
+
+
+def clean_machine(machine: str, folder: Path) -> Path:
+    """A shipped machine's YAML without its MIG instances and MIG mode (Hopper toggles it without
+    a reset): every decider starts from the same empty GPUs, so a placement over an instance
+    nobody asked for (which the node would refuse to make) never mixes into the comparison."""
+    data = yaml.safe_load((Path(machines.__file__).parent / f"{machine}.yaml").read_text())
+    for gpu in data["gpus"]:
+        gpu.pop("mig_instances", None)
+        gpu.pop("mig_enabled", None)
+    path = folder / f"{machine}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
 
 
 def template_name(shape: ClaimShape) -> str:
@@ -236,15 +253,20 @@ def _ms(seconds: list[float]) -> dict[str, float | None]:
 def run_report(
     records: list[PodRecord], *, stranded_gpus: float, nvlink: NvlinkTally, departures: int
 ) -> dict[str, Any]:
-    """A run's figures from its pods in creation order (the run stops at the first unplaceable)."""
+    """A run's figures from its pods in creation order. `stranded_gpus` is what the fleet had
+    stranded when the first unplaceable pod came (at the end when none did); `nvlink` counts the
+    multi-GPU claims of the whole run."""
     first = next((n for n, r in enumerate(records) if r.scheduled is None), None)
     admitted = records if first is None else records[:first]
+    scheduled = [r for r in records if r.scheduled is not None]
     decided = [r for r in records if r.decided is not None]
     decision_s = sum(r.decided - r.created for r in decided if r.decided is not None)
     failed = records[first] if first is not None else None
     return {
         "pods_created": len(records),
-        "pods_deleted": departures,
+        "pods_deleted": departures,  # departures of the trace (unplaceable pods are deleted too)
+        "pods_scheduled": len(scheduled),
+        "pods_unplaceable": len(records) - len(scheduled),
         "admitted_before_first_unplaceable": len(admitted),
         "first_unplaceable": None
         if failed is None
@@ -252,11 +274,11 @@ def run_report(
         "admitted_gpus": round(sum(r.shape.gpus() for r in admitted), 3),
         "stranded_gpus": stranded_gpus,
         **nvlink.report(),
-        "create_to_scheduled": _ms([r.scheduled - r.created for r in admitted if r.scheduled is not None]),
-        "create_to_prepared": _ms([r.prepared - r.created for r in admitted if r.prepared is not None]),
-        "prepared": sum(r.prepared is not None for r in admitted),
-        # admitted pods never seen prepared (before their deletion, or by the end of the wait)
-        "not_prepared": sum(r.prepared is None for r in admitted),
+        "create_to_scheduled": _ms([r.scheduled - r.created for r in scheduled if r.scheduled is not None]),
+        "create_to_prepared": _ms([r.prepared - r.created for r in scheduled if r.prepared is not None]),
+        "prepared": sum(r.prepared is not None for r in scheduled),
+        # scheduled pods never seen prepared (before their deletion, or by the end of the wait)
+        "not_prepared": sum(r.prepared is None for r in scheduled),
         "decisions": len(decided),
         # One pod at a time: decisions over the time spent waiting for them.
         "decisions_per_s": round(len(decided) / decision_s, 2) if decision_s > 0 else None,
@@ -450,6 +472,20 @@ class _Run:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.changed.wait(), 0.2)
 
+    async def prepared(self, record: PodRecord, limit_s: float) -> bool:
+        """Whether the pod is seen prepared (Running) within `limit_s`."""
+
+        async def seen() -> None:
+            while record.prepared is None:
+                self.changed.clear()
+                await self.changed.wait()
+
+        try:
+            await asyncio.wait_for(seen(), limit_s)
+        except TimeoutError:
+            return False
+        return True
+
     async def _scheduled(self, record: PodRecord) -> None:
         while record.scheduled is None:
             self.changed.clear()
@@ -468,7 +504,7 @@ class _Run:
             (r["request"], r["device"]) for r in results if r.get("driver") == DRIVER_NAME
         ]
 
-    async def delete(self, record: PodRecord, claim_uid: str) -> None:
+    async def delete(self, record: PodRecord, claim_uid: str | None) -> None:
         """Delete the pod; return once it and its claim are gone (the claim's devices free)."""
         await call("delete bench pod", self.core.delete_namespaced_pod(record.name, self.namespace))
 
@@ -483,6 +519,7 @@ class _Run:
                     return all(
                         c.metadata.uid != claim_uid or c.status is None or c.status.allocation is None
                         for c in claims.items
+                        if claim_uid is not None
                     )
                 raise
             return False
@@ -534,8 +571,12 @@ async def run_decider(
                 namespace, template_manifest(shape, namespace)
             ),
         )
+    workdir = Path(tempfile.mkdtemp(prefix="tgm-", dir="/tmp"))
+    (workdir / "machines").mkdir()
+    files = {machine: clean_machine(machine, workdir / "machines") for machine in {m for _, m in nodes}}
     cluster = LocalCluster(
-        [SimNode(name, machine) for name, machine in nodes],
+        [SimNode(name, str(files[machine])) for name, machine in nodes],
+        workdir=workdir,
         kubeconfig=kubeconfig,
         allocator_args=decider.allocator_args,
     )
@@ -551,10 +592,13 @@ async def run_decider(
         loop = asyncio.get_running_loop()
         alive: dict[str, str] = {}  # pod name -> claim uid
         departures = 0
+        stranded: float | None = None  # when the first pod cannot be placed
         for op in ops:
             name = pod_name(op.uid)
             if not isinstance(op, Arrival):
                 if name in alive:
+                    # A pod runs before it ends: its claim prepared first (or given up on).
+                    await run.prepared(run.records[name], PREPARED_WAIT_S)
                     await run.delete(run.records[name], alive[name])
                     tally.released(alive.pop(name))
                     departures += 1
@@ -565,11 +609,17 @@ async def run_decider(
             await call(f"create pod {name}", core.create_namespaced_pod(namespace, manifest))
             await run.decision(record)
             if record.scheduled is None or record.node is None:
-                break
+                # Past saturation the trace goes on: the pod is taken away, so that it does not
+                # take capacity later that the trace counts as free.
+                if stranded is None:
+                    stranded = tally.stranded_gpus()
+                await run.delete(record, None)
+                continue
             uid, devices = await run.allocation(record)
             tally.placed(uid, record.node, devices)
             alive[name] = uid
-        stranded = tally.stranded_gpus()
+        if stranded is None:
+            stranded = tally.stranded_gpus()
 
         async def all_prepared() -> bool:
             return all(run.records[name].prepared is not None for name in alive)
