@@ -76,7 +76,7 @@ KUBE_MIX: tuple[tuple[ClaimShape, float], ...] = tuple(
 )
 RUN_LABEL = "bench.tangram.dev/run"
 DECISION_WAIT_S = 120.0  # a pod with no decision by then counts as not placed
-SETTLE_S = 5.0  # an unplaceable pod is given this long to be placed after all (scheduler retries)
+SETTLE_S = 2.0  # an unplaceable pod is given this long to be placed after all (scheduler retries)
 GONE_WAIT_S = 120.0
 PREPARED_WAIT_S = 60.0
 READY_WAIT_S = 180.0
@@ -750,15 +750,17 @@ def table(result: Mapping[str, Any]) -> str:
     rows: list[tuple[str, list[Any], Any]] = []
     for key, label in (
         ("pods_created", "pods created"),
+        ("pods_scheduled", "pods scheduled"),
+        ("pods_unplaceable", "pods unplaceable"),
         ("pods_deleted", "pods deleted"),
         ("admitted_before_first_unplaceable", "admitted before first unplaceable"),
-        ("admitted_gpus", "their GPUs"),
+        ("admitted_gpus", "GPUs they asked for"),
         ("stranded_gpus", "stranded GPUs then"),
         ("multi_gpu_claims", "multi-GPU claims"),
         ("multi_gpu_ideal_set_share", "on an ideal NVLink set"),
         ("multi_gpu_nvlink_optimal_share", "on the best NVLink set available"),
         ("decisions_per_s", "decisions/s"),
-        ("not_prepared", "admitted, never prepared"),
+        ("not_prepared", "scheduled, never prepared"),
     ):
         rows.append((label, [runs[d][key] for d in deciders], ratio.get(key) if ratio else None))
     for key, label in (
