@@ -9,9 +9,10 @@ whole 1/2/4/8 GPUs, the multi-GPU ones in one NVLink domain), arriving and depar
 fleet's GPUs, then arriving only until they ask for `--saturation` times the fleet's GPUs.
 
 Pods are driven one at a time: a pod is created and its decision awaited (bound to a node, or
-found unplaceable), a departing pod is deleted and awaited until its claim is gone, so every
-decision sees the capacity the trace says is free. The run stops at the first pod that cannot be
-placed. Deciders:
+found unplaceable), a departing pod is awaited until prepared, then deleted and awaited until its
+claim is gone, so every decision sees the capacity the trace says is free. A pod that cannot be
+placed is deleted and the trace goes on; the first one marks what the run admitted. The nodes
+start from clean machines (no MIG instance). Deciders:
 
 - `kube-scheduler`: kube-scheduler allocates the claims from the published slices;
 - `tangram`: the allocator, started in its Kubernetes mode, decides the claims of pods that carry
