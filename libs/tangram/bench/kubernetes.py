@@ -76,6 +76,8 @@ KUBE_MIX: tuple[tuple[ClaimShape, float], ...] = tuple(
     (shape, weight) for shape, weight in FLEET_MIX if shape.kind == "gpu" or shape.compute <= 3
 )
 RUN_LABEL = "bench.tangram.dev/run"
+MAX_NODES = 16  # each node is three service processes on this machine
+MAX_PODS = 10_000
 DECISION_WAIT_S = 120.0  # a pod with no decision by then counts as not placed
 SETTLE_S = 2.0  # an unplaceable pod is given this long to be placed after all (scheduler retries)
 GONE_WAIT_S = 120.0
@@ -691,8 +693,12 @@ def deciders_of(text: str) -> list[str]:
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
-    if args.nodes < 1 or args.pods < 0 or not 0.1 <= args.saturation <= 3.0:
-        raise BenchError("--nodes must be positive, --pods at least 0, --saturation in [0.1, 3]")
+    if (
+        not 1 <= args.nodes <= MAX_NODES
+        or not 0 <= args.pods <= MAX_PODS
+        or not 0.1 <= args.saturation <= 3.0
+    ):
+        raise BenchError(f"--nodes in [1, {MAX_NODES}], --pods in [0, {MAX_PODS}], --saturation in [0.1, 3]")
     chosen = deciders_of(args.deciders)
     if "tangram" in chosen and not allocator_decides_in_kubernetes():
         raise BenchError(
