@@ -409,8 +409,7 @@ class _Run:
         self.changed.set()
 
     async def watch(self, stop: asyncio.Event) -> None:
-        """Follow the namespace's pods, listing again after a watch ends."""
-
+        """Follow the namespace's pods, listing again after a watch ends or breaks."""
         loop = asyncio.get_running_loop()
         while not stop.is_set():
             try:
@@ -431,7 +430,7 @@ class _Run:
                             self.observe(event["object"], loop.time())
                         if stop.is_set():
                             break
-            except KubeApiError:
+            except Exception:  # a broken watch (expired version, dropped stream) is listed again
                 await asyncio.sleep(0.5)
 
     async def warnings_about(self, record: PodRecord) -> str | None:
