@@ -69,6 +69,8 @@ class LocalCluster:
     passwords: dict[str, str] = field(default_factory=dict, repr=False)
     # With a kubeconfig, discovery publishes ResourceSlices and cdi reads claims from that API server.
     kubeconfig: Path | None = None
+    # Extra arguments for the allocator process (e.g. its Kubernetes mode).
+    allocator_args: tuple[str, ...] = ()
 
     def kubelet_root(self, node: str) -> Path:
         return self.workdir / node / "kubelet"
@@ -138,7 +140,7 @@ class LocalCluster:
                 timeout=60,
                 capture_output=True,
             )
-        self._spawn("allocator", ["services.allocator"], {}, ALLOCATOR_USER)
+        self._spawn("allocator", ["services.allocator", *self.allocator_args], {}, ALLOCATOR_USER)
         for node in self.nodes:
             (self.workdir / node.name).mkdir(parents=True, exist_ok=True)
             # A simulated node has no driver install; lay one out so its CDI specs are complete.
