@@ -47,7 +47,7 @@ from kubernetes_asyncio.watch import Watch
 
 from tangram import DRIVER_NAME
 from tangram.allocation import Allocated, FleetState, NvlinkTally
-from tangram.bench.prepare import _percentiles
+from tangram.bench.prepare import percentiles
 from tangram.bench.traces import (
     FLEET_MIX,
     Arrival,
@@ -58,7 +58,7 @@ from tangram.bench.traces import (
     machine_hardware,
     saturating_trace,
 )
-from tangram.cli.allocate import _renamed
+from tangram.cli.allocate import renamed_machine
 from tangram.cluster.kubelet import NodeKubelet
 from tangram.cluster.up import install_device_classes
 from tangram.demo.cluster import LocalCluster, SimNode
@@ -118,7 +118,7 @@ def node_hardware(nodes: list[tuple[str, str]]) -> list[NodeHardware]:
     for name, machine in nodes:
         if machine not in templates:
             templates[machine] = machine_hardware(machine)
-        found.append(_renamed(templates[machine], name))
+        found.append(renamed_machine(templates[machine], name))
     return found
 
 
@@ -250,7 +250,7 @@ class PlacementTally:
 def _ms(seconds: list[float]) -> dict[str, float | None]:
     if not seconds:
         return {"p50_ms": None, "p99_ms": None}
-    return dict(_percentiles([s * 1000 for s in seconds]))
+    return dict(percentiles([s * 1000 for s in seconds]))
 
 
 def run_report(
