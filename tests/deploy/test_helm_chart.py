@@ -796,12 +796,12 @@ def test_the_service_monitor_scrapes_every_metrics_port(rendered: dict[str, list
             # the Service's port reaches a named container port that serves /metrics
             workload = _one(
                 objects,
-                "Deployment" if "allocator" in service["metadata"]["name"] else "DaemonSet",
-                "allocator" if "allocator" in service["metadata"]["name"] else "node",
+                "DaemonSet" if "node" in service["metadata"]["name"] else "Deployment",
+                next(c for c in ("allocator", "admission", "node") if c in service["metadata"]["name"]),
             )
             named = {p["name"] for c in _pod(workload)["containers"] for p in c["ports"]}
             assert port["targetPort"] in named
-    assert ports == set(endpoints) == {"health", "discovery", "partitioner", "cdi"}
+    assert ports == set(endpoints) == {"health", "discovery", "partitioner", "cdi", "admission"}
 
 
 # --- the plain manifests are the chart's render ----------------------------------------------
