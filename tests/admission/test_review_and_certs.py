@@ -159,3 +159,14 @@ def test_unreadable_material_is_replaced_whole() -> None:
     fresh = renew(broken, HOSTS, NOW)
     assert fresh is not None
     assert renew(None, HOSTS, NOW) is not None
+
+
+def test_a_certificate_from_a_replica_whose_clock_runs_ahead_is_kept_within_an_hour() -> None:
+    ahead = issue(HOSTS, NOW + timedelta(minutes=30))
+    assert renew(ahead, HOSTS, NOW) is None
+    far_ahead = issue(HOSTS, NOW + timedelta(days=2))
+    fresh = renew(far_ahead, HOSTS, NOW)
+    assert fresh is not None
+    # everything it serves is valid now: the CA too
+    for cert in (*x509.load_pem_x509_certificates(fresh.ca_bundle)[:1], _cert(fresh)):
+        assert cert.not_valid_before_utc <= NOW <= cert.not_valid_after_utc

@@ -9,22 +9,29 @@ chart's MutatingAdmissionPolicy on a control plane that serves it.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import os
 import signal
+import ssl
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 import yaml
-from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from kubernetes_asyncio.client import AdmissionregistrationV1Api, CoreV1Api, ResourceV1Api
 
+from tangram.admission.certs import renew
+from tangram.admission.keeper import material_of, secret_data
 from tangram.cluster.up import install_device_classes
 from tangram.k8s.names import SCHEDULING_GATE
 from tangram.kube import KubeApiError, call
@@ -250,6 +257,7 @@ async def served(controlplane: ControlPlane, kube: Any, unique: str, tmp_path: P
             "--cert-host=127.0.0.1",
             f"--webhook-configuration={configuration}",
             f"--health-port={health}",
+            "--check-interval=1",  # certificates and caBundle checked every second here
             "--log-level=debug",
         ]
         with log.open("ab") as out:
@@ -370,6 +378,62 @@ async def test_the_webhook_refuses_what_is_not_a_review_and_is_served_only_over_
             await session.post(f"https://127.0.0.1:{port}/mutate", data=b"{}")
         with pytest.raises(aiohttp.ClientError):
             await session.post(f"http://127.0.0.1:{port}/mutate", data=b"{}")
+
+
+async def served_certificate(port: int, bundle: bytes) -> bytes:
+    """The certificate the webhook serves a new connection (DER), verified against `bundle`."""
+    context = ssl.create_default_context(cadata=bundle.decode())
+    _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+    try:
+        der: bytes = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        return der
+    finally:
+        writer.close()
+        with contextlib.suppress(ssl.SSLError, ConnectionError):
+            await writer.wait_closed()
+
+
+async def test_the_running_webhook_serves_a_renewed_certificate_and_restores_its_ca_bundle(
+    kube: Any, served: Served
+) -> None:
+    core = CoreV1Api(kube)
+    admission = AdmissionregistrationV1Api(kube)
+    secret = await call(
+        "read the Secret", core.read_namespaced_secret("tangram-admission-tls", served.namespace)
+    )
+    current = material_of({"data": secret.data})
+    assert current is not None
+    served_now = await served_certificate(served.port, current.ca_bundle)
+    assert served_now == x509.load_pem_x509_certificate(current.cert).public_bytes(serialization.Encoding.DER)
+    # another replica renews the serving certificate (same CA): this one picks it up, no restart
+    # (a new name makes it due now; the names this replica needs are all in it)
+    renewed = renew(current, ("127.0.0.1", "admission.example"), datetime.now(UTC))
+    assert renewed is not None and renewed.ca_bundle == current.ca_bundle
+    secret.data = secret_data(renewed)
+    await call(
+        "renew the Secret", core.replace_namespaced_secret("tangram-admission-tls", served.namespace, secret)
+    )
+    wanted = x509.load_pem_x509_certificate(renewed.cert).public_bytes(serialization.Encoding.DER)
+
+    async def serving_renewed() -> bool:
+        return await served_certificate(served.port, current.ca_bundle) == wanted
+
+    await until("the renewed certificate served", serving_renewed, WAIT_S)
+    # someone strips the caBundle: the webhook writes it back
+    stripped = [{"op": "remove", "path": "/webhooks/0/clientConfig/caBundle"}]
+    await call(
+        "strip the caBundle", admission.patch_mutating_webhook_configuration(served.configuration, stripped)
+    )
+
+    async def restored() -> bool:
+        found = await call(
+            "read the configuration", admission.read_mutating_webhook_configuration(served.configuration)
+        )
+        bundle = found.webhooks[0].client_config.ca_bundle
+        return bundle is not None and base64.b64decode(bundle) == current.ca_bundle
+
+    await until("the caBundle restored", restored, WAIT_S)
+    assert served.webhook.process.poll() is None
 
 
 # --- the MutatingAdmissionPolicy -------------------------------------------------------------

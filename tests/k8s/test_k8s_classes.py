@@ -1,4 +1,5 @@
-"""The one rule for which DeviceClasses and claims are Tangram's (tangram.k8s.classes)."""
+"""The one rule for which DeviceClasses and claims are Tangram's (tangram.k8s.classes), and the
+scheduling gate's patches (tangram.k8s.gates)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from tangram.k8s.classes import (
     requested_class_names,
     requires_driver,
 )
+from tangram.k8s.gates import add_gate_patch, holds_gate, remove_gate_patch
+from tangram.k8s.names import SCHEDULING_GATE
 
 
 def device_class(*expressions: str) -> dict[str, Any]:
@@ -129,3 +132,27 @@ def test_mixed_foreign_empty_and_malformed_claims_are_not() -> None:
     assert not is_tangram_claim({"devices": {"requests": [{"name": "r", "exactly": {}}]}}, ours)
     assert not is_tangram_claim({"devices": {"requests": [{"name": "r", "firstAvailable": []}]}}, ours)
     assert not is_tangram_claim({"devices": {"requests": "x"}}, ours)
+
+
+# --- the scheduling gate -----------------------------------------------------------------------
+
+
+def test_the_gate_is_added_once_and_lifted_without_touching_other_gates() -> None:
+    bare: dict[str, Any] = {"spec": {}}
+    assert not holds_gate(bare) and remove_gate_patch(bare) is None
+    assert add_gate_patch(bare) == [
+        {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": SCHEDULING_GATE}]}
+    ]
+    assert add_gate_patch({"spec": {"nodeName": "n1"}}) is None
+    gated = {"spec": {"schedulingGates": [{"name": "example.com/x"}, {"name": SCHEDULING_GATE}]}}
+    assert holds_gate(gated) and add_gate_patch(gated) is None
+    assert remove_gate_patch(gated) == [
+        {"op": "test", "path": "/spec/schedulingGates/1/name", "value": SCHEDULING_GATE},
+        {"op": "remove", "path": "/spec/schedulingGates/1"},
+    ]
+    other = {"spec": {"schedulingGates": [{"name": "example.com/x"}]}}
+    assert add_gate_patch(other) == [
+        {"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": SCHEDULING_GATE}}
+    ]
+    assert remove_gate_patch(other) is None
+    assert not holds_gate({"spec": {"schedulingGates": "x"}}) and add_gate_patch({}) is None

@@ -25,6 +25,7 @@ CA_DAYS = 3650
 SERVING_DAYS = 365
 # Certificates start a little in the past: clocks of the API servers may lag this one.
 _BACKDATE = timedelta(minutes=5)
+_SKEW = timedelta(hours=1)
 
 
 class CertificateError(ValueError):
@@ -183,7 +184,8 @@ def renew(
         return issue(hosts, now, ca_days=ca_days, serving_days=serving_days)
     ca = bundle[0]
     ca_matches_key = _spki(ca.public_key()) == _spki(ca_key.public_key())
-    if not ca_matches_key or ca.not_valid_after_utc - now <= timedelta(days=2 * serving_days):
+    ca_due = ca.not_valid_after_utc - now <= timedelta(days=2 * serving_days)
+    if not ca_matches_key or ca_due or ca.not_valid_before_utc > now + _SKEW:
         fresh = issue(hosts, now, ca_days=ca_days, serving_days=serving_days)
         # the old CA stays trusted while it is valid and readable
         old = [c for c in bundle if c.not_valid_after_utc > now and ca_matches_key][:1]
@@ -191,7 +193,9 @@ def renew(
         return TlsMaterial(fresh.ca_bundle + extra, fresh.ca_key, fresh.cert, fresh.key)
     signed_by_ca = cert.issuer == ca.subject and _verifies(ca, cert)
     current = signed_by_ca and set(hosts) <= _names(cert)
-    if current and not _third_left(cert, now) and cert.not_valid_before_utc <= now + _BACKDATE:
+    # a certificate from a replica whose clock runs ahead is kept unless it starts past the
+    # skew any cluster tolerates: replicas with slightly different clocks never take turns renewing
+    if current and not _third_left(cert, now) and cert.not_valid_before_utc <= now + _SKEW:
         return None
     new_cert, new_key = _serving(ca, ca_key, hosts, now, serving_days)
     # expired CAs leave the bundle

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tangram.k8s.gates import add_gate_patch
 from tangram.k8s.names import SCHEDULING_GATE
 
 API_VERSION = "admission.k8s.io/v1"
@@ -95,17 +96,8 @@ def claim_references(pod: dict[str, Any]) -> list[tuple[Source, str]]:
 
 
 def gate_patch(pod: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """The JSONPatch that adds SCHEDULING_GATE to the pod; None when it holds the gate already, or
-    when it names its node itself (the API server refuses scheduling gates on such a pod)."""
-    spec = pod.get("spec", {})
-    if spec.get("nodeName"):
-        return None
-    gates = spec.get("schedulingGates")
-    if isinstance(gates, list) and gates:
-        if any(isinstance(g, dict) and g.get("name") == SCHEDULING_GATE for g in gates):
-            return None
-        return [{"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": SCHEDULING_GATE}}]
-    return [{"op": "add", "path": "/spec/schedulingGates", "value": [{"name": SCHEDULING_GATE}]}]
+    """The JSONPatch that adds SCHEDULING_GATE to the pod (`tangram.k8s.gates.add_gate_patch`)."""
+    return add_gate_patch(pod, SCHEDULING_GATE)
 
 
 def answer(uid: str, patch: list[dict[str, Any]] | None = None) -> dict[str, Any]:
