@@ -25,6 +25,8 @@ from tangram.kube import KubeApiError, call, call_json
 
 log = logging.getLogger("tangram.admission.keeper")
 
+# every request is bounded: a hung API server is retried, never waited on for ever
+_TIMEOUT_S = 10.0
 _KEYS = {"ca_bundle": "ca.crt", "ca_key": "ca.key", "cert": "tls.crt", "key": "tls.key"}
 
 
@@ -71,7 +73,9 @@ class CertificateKeeper:
         try:
             return await call_json(
                 f"read Secret {self.namespace}/{self.secret}",
-                self._core.read_namespaced_secret(self.secret, self.namespace, _preload_content=False),
+                self._core.read_namespaced_secret(
+                    self.secret, self.namespace, _preload_content=False, _request_timeout=_TIMEOUT_S
+                ),
             )
         except KubeApiError as error:
             if error.not_found:
@@ -107,7 +111,9 @@ class CertificateKeeper:
                 if secret is None:
                     await call(
                         f"create Secret {self.namespace}/{self.secret}",
-                        self._core.create_namespaced_secret(self.namespace, body),
+                        self._core.create_namespaced_secret(
+                            self.namespace, body, _request_timeout=_TIMEOUT_S
+                        ),
                     )
                 else:
                     body["metadata"]["resourceVersion"] = secret["metadata"]["resourceVersion"]
@@ -118,7 +124,9 @@ class CertificateKeeper:
                     body["type"] = secret.get("type") or "Opaque"
                     await call(
                         f"update Secret {self.namespace}/{self.secret}",
-                        self._core.replace_namespaced_secret(self.secret, self.namespace, body),
+                        self._core.replace_namespaced_secret(
+                            self.secret, self.namespace, body, _request_timeout=_TIMEOUT_S
+                        ),
                     )
             except KubeApiError as error:
                 if error.conflict or error.already_exists:
@@ -139,7 +147,9 @@ class CertificateKeeper:
             return False
         config = await call_json(
             f"read MutatingWebhookConfiguration {name}",
-            self._admission.read_mutating_webhook_configuration(name, _preload_content=False),
+            self._admission.read_mutating_webhook_configuration(
+                name, _preload_content=False, _request_timeout=_TIMEOUT_S
+            ),
         )
         wanted = base64.b64encode(material.ca_bundle).decode()
         patch: list[dict[str, Any]] = []
@@ -154,7 +164,7 @@ class CertificateKeeper:
             return False
         await call(
             f"patch the caBundle of MutatingWebhookConfiguration {name}",
-            self._admission.patch_mutating_webhook_configuration(name, patch),
+            self._admission.patch_mutating_webhook_configuration(name, patch, _request_timeout=_TIMEOUT_S),
         )
         log.info("patched the webhook's caBundle", extra={"configuration": name})
         return True
