@@ -101,6 +101,7 @@ def pod(
     name: str,
     *,
     templates: tuple[str, ...] = (),
+    claims: tuple[str, ...] = (),
     gates: tuple[str, ...] = (),
     labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
@@ -117,6 +118,9 @@ def pod(
         spec["resourceClaims"] = [
             {"name": f"c{i}", "resourceClaimTemplateName": t} for i, t in enumerate(templates)
         ]
+    if claims:  # a claim made beforehand, shared or not, by name
+        spec["resourceClaims"] = [{"name": f"c{i}", "resourceClaimName": c} for i, c in enumerate(claims)]
+        spec["containers"][0]["resources"]["claims"] = [{"name": f"c{i}"} for i in range(len(claims))]
     if gates:
         spec["schedulingGates"] = [{"name": g} for g in gates]
     return {
@@ -323,6 +327,12 @@ async def test_the_webhook_gates_only_pods_with_tangram_claims(
         await until("the API server calling the webhook", gated_in_a_dry_run, WAIT_S)
 
         assert await gates_of(kube, ns, pod("tangram-1g", templates=("mig-1g",))) == [SCHEDULING_GATE]
+        for name, cls in (("claim-1g", (MIG_CLASS,)), ("claim-foreign", (foreign,))):
+            claim = template(name, ns, *cls)
+            claim["kind"], claim["spec"] = "ResourceClaim", claim["spec"]["spec"]
+            await resource.create_namespaced_resource_claim(ns, claim)
+        assert await gates_of(kube, ns, pod("by-claim", claims=("claim-1g",))) == [SCHEDULING_GATE]
+        assert await gates_of(kube, ns, pod("by-foreign-claim", claims=("claim-foreign",))) == []
         assert await gates_of(kube, ns, pod("cluster-class", templates=("ours",))) == [SCHEDULING_GATE]
         # a Tangram claim beside a foreign one: Tangram decides its claim, kube-scheduler the other
         assert await gates_of(kube, ns, pod("two-claims", templates=("mig-1g", "foreign"))) == [
