@@ -381,6 +381,12 @@ async def test_the_webhook_refuses_what_is_not_a_review_and_is_served_only_over_
         assert response.status == 200
         text = await response.text()
     assert "tangram_admission_reviews_total" in text
+    (expiry,) = [
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("tangram_admission_certificate_expiry_timestamp_seconds ")
+    ]
+    assert expiry > datetime.now(UTC).timestamp() + 300 * 86400  # a year's certificate, fresh
     port = served.port
     # the port speaks only TLS, with a certificate no system CA vouches for
     async with aiohttp.ClientSession() as session:

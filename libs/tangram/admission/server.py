@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 from aiohttp import web
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
-from tangram.admission.certs import TlsMaterial
+from tangram.admission.certs import TlsMaterial, not_after
 from tangram.admission.lookup import ClaimLookup
 from tangram.admission.review import BadReview, answer, claim_references, gate_patch, parse
 from tangram.kube import KubeApiError
@@ -35,6 +35,11 @@ REVIEW_SECONDS = Histogram(
     "tangram_admission_review_seconds",
     "Time to answer one AdmissionReview",
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+)
+
+CERTIFICATE_EXPIRY = Gauge(
+    "tangram_admission_certificate_expiry_timestamp_seconds",
+    "When the serving certificate this replica serves expires (renewed with a third of its life left)",
 )
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -57,6 +62,7 @@ def server_tls(
         partial.write_bytes(data)
         partial.replace(path)
     context.load_cert_chain(cert, key)
+    CERTIFICATE_EXPIRY.set(not_after(material).timestamp())
     return context
 
 
