@@ -146,6 +146,7 @@ async def test_reviews_of_other_resources_or_operations_are_allowed_without_a_pa
         (b'{"apiVersion": "v1", "kind": "Pod"}', "application/json", 400),
         (json.dumps(review()).encode(), "text/plain", 415),
         (b"x" * (MAX_BODY + 1), "application/json", 413),
+        (b"[" * 20_000 + b"]" * 20_000, "application/json", 400),  # nesting past the parser's depth
     ],
 )
 async def test_bad_bodies_are_refused_with_a_clear_status(

@@ -45,6 +45,8 @@ def parse(body: bytes) -> PodReview:
         review = json.loads(body)
     except (ValueError, UnicodeDecodeError) as error:
         raise BadReview(f"the body is not JSON: {error}") from None
+    except RecursionError:
+        raise BadReview("the body nests too deeply") from None
     if not isinstance(review, dict):
         raise BadReview("the body is not an object")
     if review.get("apiVersion") != API_VERSION or review.get("kind") != "AdmissionReview":
