@@ -516,3 +516,57 @@ def test_a_gpu_instance_without_its_compute_instance_is_never_handed_out() -> No
     assert isinstance(allocated, ClaimAllocated)
     [device] = allocated.devices
     assert device.gpu_index != 0 and device.partition_command
+
+
+def _applied(command: PartitionRequested, mig_uuid: str) -> PartitionApplied:
+    return PartitionApplied(
+        key=command.key, command_id=command.command_id, node=command.node, action=command.action,
+        gpu_uuid=command.gpu_uuid, gpu_index=command.gpu_index, profile=command.profile,
+        placement=command.placement, claim_uid=command.claim_uid, mig_uuid=mig_uuid,
+    )  # fmt: skip
+
+
+def test_a_rebuild_never_takes_an_older_destroy_for_the_destroy_of_a_later_instance() -> None:
+    """Two claims used one placement in turn; the second's destroy is still to come. A rebuild folds
+    both releases before any result: the first destroy's result must leave the placement on its
+    way out, or the second claim's instance is handed to a new claim while the node destroys it."""
+    nvml = SimNvml.from_machine("dgx-h100")
+    nvml.nvmlInit()
+    executor = MigExecutor(nvml, minors=parse_mig_minors(render_mig_minors()))
+    live = ledger()
+    inventories: list[NodeInventory] = [NodeInventory(key="n1", hardware=read_node_hardware(nvml, "n1"))]
+    claims_log: list[Event] = []
+    nodes_log: list[Event] = []
+    live.apply(inventories[-1], live=False)
+    commands: list[PartitionRequested] = []
+    for n in (1, 2):
+        claims_log.append(request(n, mig("7g.80gb")))
+        create, allocated = live.apply(claims_log[-1])
+        assert isinstance(create, PartitionRequested) and isinstance(allocated, ClaimAllocated)
+        claims_log.append(allocated)
+        made = executor.create(create.gpu_index, create.profile_id, create.placement)
+        inventories.append(NodeInventory(key="n1", hardware=read_node_hardware(nvml, "n1")))
+        live.apply(inventories[-1], live=False)
+        nodes_log += [create, _applied(create, made.mig_uuid)]
+        live.apply(nodes_log[-1])
+        claims_log.append(_release(n))
+        [destroy] = live.apply(claims_log[-1])
+        assert isinstance(destroy, PartitionRequested) and destroy.mig_uuid == made.mig_uuid
+        nodes_log.append(destroy)
+        commands.append(create)
+        if n == 1:  # the first claim's instance is destroyed; the second's destroy is still to come
+            executor.destroy(create.gpu_uuid, placement=create.placement)
+            nodes_log.append(_applied(destroy, made.mig_uuid))
+            live.apply(nodes_log[-1])
+    first, second = commands
+    assert (first.gpu_uuid, first.placement) == (second.gpu_uuid, second.placement), "one placement, in turn"
+
+    rebuilt = ledger()
+    for event in [inventories[-1], *claims_log, *nodes_log]:  # the allocator's rebuild order
+        rebuilt.apply(event, live=False)
+    [*_, allocated] = rebuilt.apply(request(3, mig("7g.80gb")))
+    assert isinstance(allocated, ClaimAllocated)
+    [device] = allocated.devices
+    assert device.gpu_uuid != second.gpu_uuid or device.partition_command, (
+        "the second claim's instance, being destroyed, was handed out as it stands"
+    )

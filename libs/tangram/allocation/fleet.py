@@ -289,8 +289,14 @@ class FleetState:
             claim_uid=claim_uid, node=held.node, devices=list(held.decision.devices), destroy=destroy
         )
 
-    def destroy_done(self, node_name: str, gpu_uuid: str, start: int, mig_uuid: str) -> None:
-        """The node destroyed the instance at `start` (`mig_uuid`, empty when none was there)."""
+    def destroy_done(
+        self, node_name: str, gpu_uuid: str, start: int, mig_uuid: str, *, slot_freed: bool = True
+    ) -> None:
+        """The node destroyed the instance at `start` (`mig_uuid`, empty when none was there).
+
+        `slot_freed` False: another destroy at that placement is still to come (a rebuild folds the
+        results after every release), so the placement stays on its way out.
+        """
         node = self._nodes.get(node_name)
         if node is None:
             return
@@ -299,7 +305,7 @@ class FleetState:
             destroyed[mig_uuid] = None
             if len(destroyed) > DESTROYED_REMEMBERED:
                 del destroyed[next(iter(destroyed))]
-        node.destroyed(gpu_uuid, start, mig_uuid)
+        node.destroyed(gpu_uuid, start, mig_uuid, slot_freed=slot_freed)
         self._unindexed.add(node_name)
 
     def destroy_refused(self, node_name: str, gpu_uuid: str, start: int) -> None:

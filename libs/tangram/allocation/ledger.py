@@ -61,6 +61,10 @@ class Ledger:
     # died before acting on; the consumer delivers it again, and the destroys go out then.
     unanswered_destroys: dict[str, dict[str, PartitionRequested]] = field(default_factory=dict)
     _destroy_claims: dict[str, str] = field(default_factory=dict)  # destroy command id -> claim uid
+    # (node, GPU uuid, start) -> destroy commands sent there and not answered. A rebuild folds every
+    # release before any result: the result of an older destroy at a placement must not count as
+    # the destroy of the instance a later release left there.
+    _destroys_at: dict[tuple[str, str, int], set[str]] = field(default_factory=dict)
 
     def folded(self, stream: str, sequence: int) -> None:
         """The event about to be folded is at `sequence` of `stream` (decisions record it, for replay).
@@ -124,11 +128,11 @@ class Ledger:
                     if self.decided.get(uid) == "allocated" and uid not in self.released:
                         return self._fail_after_partition(uid, event)
             case PartitionFailed(action="destroy", node=node, gpu_uuid=gpu_uuid, placement=placement):
-                self._destroy_answered(event.command_id)
-                self.fleet.destroy_refused(node, gpu_uuid, placement.start)
+                if self._destroy_answered(event.command_id, (node, gpu_uuid, placement.start)):
+                    self.fleet.destroy_refused(node, gpu_uuid, placement.start)
             case PartitionApplied(action="destroy", node=node, gpu_uuid=gpu_uuid, placement=placement):
-                self._destroy_answered(event.command_id)
-                self.fleet.destroy_done(node, gpu_uuid, placement.start, event.mig_uuid)
+                freed = self._destroy_answered(event.command_id, (node, gpu_uuid, placement.start))
+                self.fleet.destroy_done(node, gpu_uuid, placement.start, event.mig_uuid, slot_freed=freed)
             case PartitionApplied(action="create", command_id=command_id, mig_uuid=mig_uuid):
                 if self._answers(event):
                     self.created[command_id] = mig_uuid
@@ -287,16 +291,27 @@ class Ledger:
         for command in commands:
             pending[command.command_id] = command
             self._destroy_claims[command.command_id] = uid
+            self._destroys_at.setdefault(
+                (command.node, command.gpu_uuid, command.placement.start), set()
+            ).add(command.command_id)
         return commands
 
-    def _destroy_answered(self, command_id: str) -> None:
+    def _destroy_answered(self, command_id: str, slot: tuple[str, str, int]) -> bool:
+        """Forget the answered destroy; whether no other destroy is still to come at its placement."""
         uid = self._destroy_claims.pop(command_id, None)
-        if uid is None:
-            return
-        pending = self.unanswered_destroys.get(uid, {})
-        pending.pop(command_id, None)
-        if not pending:
-            self.unanswered_destroys.pop(uid, None)
+        if uid is not None:
+            pending = self.unanswered_destroys.get(uid, {})
+            pending.pop(command_id, None)
+            if not pending:
+                self.unanswered_destroys.pop(uid, None)
+        waiting = self._destroys_at.get(slot)
+        if waiting is None:
+            return True
+        waiting.discard(command_id)
+        if waiting:
+            return False
+        del self._destroys_at[slot]
+        return True
 
     def _instance_of(self, uid: str, plan: PartitionPlan) -> PartitionPlan:
         """Name the instance the claim's own create produced, never one seen at that placement before.

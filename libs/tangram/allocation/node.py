@@ -106,10 +106,15 @@ class NodeState:
             self._stale.update(entry[0] for entry in gone)
             self.version += 1
 
-    def destroyed(self, gpu_uuid: str, start: int, mig_uuid: str) -> None:
-        """A destroy at `start` was applied: nothing there is on its way out any more, and the
-        instance it destroyed is gone even from an inventory read before the destroy."""
-        gone = {e for e in self.destroying if self.gpu_uuid.get(e[0]) == gpu_uuid and e[2] == start}
+    def destroyed(self, gpu_uuid: str, start: int, mig_uuid: str, *, slot_freed: bool = True) -> None:
+        """A destroy at `start` was applied: nothing there is on its way out any more (unless
+        `slot_freed` is False), and the instance it destroyed is gone even from an inventory read
+        before the destroy."""
+        gone = (
+            {e for e in self.destroying if self.gpu_uuid.get(e[0]) == gpu_uuid and e[2] == start}
+            if slot_freed
+            else set()
+        )
         self.destroying -= gone
         for g, live in self.existing.items():
             if self.gpu_uuid.get(g) != gpu_uuid:
