@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -18,11 +19,13 @@ from services.allocator.settings import AllocatorSettings
 from tangram.allocation import DeviceClass, FleetState
 from tangram.allocation.ledger import Ledger
 from tangram.bus import (
+    BusError,
     LeaderLease,
     Poison,
     allocator_consumer,
     allocator_log_sources,
     allocator_results_consumer,
+    is_transient,
 )
 from tangram.events import (
     INVENTORY_STREAM,
@@ -102,6 +105,33 @@ def _log_reused_instances(ledger: Ledger, allocated: ClaimAllocated) -> None:
         )
 
 
+async def rebuilt_ledger(ctx: ServiceContext, settings: AllocatorSettings) -> Ledger | None:
+    """The ledger folded from the whole log; None when stopped first.
+
+    A NATS server lost mid-read leaves the cluster electing stream leaders, which can outlast one
+    request's retries: the log is read again from the start, into a fresh ledger, until it can be.
+    """
+    while True:
+        ledger = Ledger(
+            fleet=FleetState(reconfigure_foreign_instances=settings.reconfigure_foreign_instances),
+            classes=load_device_classes(settings.device_classes),
+            policy=settings.policy,
+            producer=ctx.bus.config.producer,
+        )
+        try:
+            await rebuild(ctx, ledger)
+        except BusError as error:
+            if not is_transient(error):
+                raise
+            log.warning("the log could not be read; reading it again", extra={"error": str(error)})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ctx.stop.wait(), 1.0)
+            if ctx.stop.is_set():
+                return None
+            continue
+        return ledger
+
+
 async def resend_unanswered_destroys(ctx: ServiceContext, ledger: Ledger) -> None:
     """Send again the destroys of released claims that the log holds no result for.
 
@@ -142,13 +172,9 @@ async def lead(ctx: ServiceContext, settings: AllocatorSettings, lease: LeaderLe
 
 
 async def _serve(ctx: ServiceContext, settings: AllocatorSettings, tasks: list[asyncio.Task[None]]) -> None:
-    ledger = Ledger(
-        fleet=FleetState(reconfigure_foreign_instances=settings.reconfigure_foreign_instances),
-        classes=load_device_classes(settings.device_classes),
-        policy=settings.policy,
-        producer=ctx.bus.config.producer,
-    )
-    await rebuild(ctx, ledger)
+    ledger = await rebuilt_ledger(ctx, settings)
+    if ledger is None:
+        return
     await resend_unanswered_destroys(ctx, ledger)
     if ctx.health is not None:
         ctx.health.state = ledger.snapshot

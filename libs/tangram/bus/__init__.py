@@ -1,6 +1,6 @@
 """The JetStream bus: declarations, publishing, durable consumers with dead letters, replay."""
 
-from tangram.bus.client import Bus, BusConfig, Handler, redact_url
+from tangram.bus.client import Bus, BusConfig, Handler, is_transient, redact_url
 from tangram.bus.declarations import (
     STREAMS,
     STREAMS_BY_NAME,
@@ -37,6 +37,7 @@ __all__ = [
     "allocator_node_subjects",
     "allocator_results_consumer",
     "current_leader",
+    "is_transient",
     "node_claim_sources",
     "node_partition_subjects",
     "node_prepare_subjects",

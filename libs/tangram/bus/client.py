@@ -93,6 +93,11 @@ def _is_transient(error: BaseException | None) -> bool:
     return isinstance(error, _TRANSIENT)
 
 
+def is_transient(error: BusError) -> bool:
+    """The request failed for a while only (a timeout, a cluster electing leaders): try again."""
+    return _is_transient(error.__cause__)
+
+
 @dataclass(frozen=True)
 class BusConfig:
     servers: tuple[str, ...]
@@ -727,7 +732,7 @@ class Bus:
                     retry_s=10,
                 )
             except BusError as exc:
-                if not _is_transient(exc.__cause__):
+                if not is_transient(exc):
                     raise
                 log.warning(
                     "consumer not ready, retrying", extra={"consumer": spec.durable, "error": str(exc)}
