@@ -1,0 +1,139 @@
+"""A failed claim asked again once capacity frees; claims another writer allocated, held as taken."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+
+from tangram.allocation import DeviceClass, FleetState
+from tangram.allocation.ledger import Ledger
+from tangram.eventlog.records import EventLog, LogHeader, LogRecord, extents, record
+from tangram.eventlog.replay import replay
+from tangram.events import (
+    ClaimAllocated,
+    ClaimFailed,
+    ClaimReleased,
+    ClaimRequested,
+    Event,
+    PartitionRequested,
+    encode,
+)
+from tangram.k8s.deviceclasses import load_shipped_device_classes
+
+from .helpers import gpus, inventory, mig, request
+
+CLASSES = {c.name: c for c in (DeviceClass.from_manifest(m) for m in load_shipped_device_classes())}
+
+
+def ledger() -> Ledger:
+    book = Ledger(fleet=FleetState(), classes=CLASSES)
+    book.apply(inventory("l40s-8", "n1"), live=False)
+    return book
+
+
+def released(event: ClaimRequested) -> ClaimReleased:
+    return ClaimReleased(key=event.uid, namespace=event.namespace, name=event.name, uid=event.uid)
+
+
+def again(event: ClaimRequested, attempt: int) -> ClaimRequested:
+    return msgspec.structs.replace(
+        event, attempt=attempt, event_id=f"{event.event_id}-{attempt}", time=datetime.now(UTC)
+    )
+
+
+def test_a_failed_claim_is_decided_again_only_when_asked_with_a_later_attempt() -> None:
+    book = ledger()
+    holder, waiting = request(1, gpus(8)), request(2, gpus(1))
+    assert [type(e) for e in book.apply(holder)] == [ClaimAllocated]
+    [failed] = book.apply(waiting)
+    assert isinstance(failed, ClaimFailed) and failed.attempt == 0
+    assert book.apply(waiting) == []  # redelivered: decided once
+    [still] = book.apply(again(waiting, 1))  # asked again before capacity frees: fails again
+    assert isinstance(still, ClaimFailed) and still.attempt == 1 and still.event_id != failed.event_id
+    assert book.apply(again(waiting, 1)) == []
+    book.apply(released(holder))
+    [allocated] = book.apply(again(waiting, 2))
+    assert isinstance(allocated, ClaimAllocated) and allocated.attempt == 2
+    assert book.apply(again(waiting, 3)) == []  # allocated: never decided again
+
+
+def _log(events: list[Event]) -> EventLog:
+    records: list[LogRecord] = []
+    sequences: dict[str, int] = {}
+    for event in events:
+        sequences[event.stream] = sequences.get(event.stream, 0) + 1
+        records.append(
+            record(event.stream, sequences[event.stream], event.subject, event.time, encode(event))
+        )
+    header = LogHeader(tangram_version="test", exported_at=events[0].time, streams=extents(records))
+    return EventLog(header=header, records=records)
+
+
+def test_a_replay_decides_the_retries_as_live() -> None:
+    book = ledger()
+    holder, waiting = request(1, gpus(8)), request(2, gpus(1))
+    log: list[Event] = [inventory("l40s-8", "n1")]
+    for event in (holder, waiting, released(holder), again(waiting, 1)):
+        log.append(event)
+        log.extend(book.apply(event))
+    assert isinstance(log[-1], ClaimAllocated) and log[-1].attempt == 1
+    report = replay(_log(log), CLASSES)
+    assert report.claims_decided == 3 and report.divergences == []
+
+
+def allocation(*devices: str, node: str = "n1") -> dict[str, Any]:
+    return {
+        "devices": {
+            "results": [
+                {"request": "gpus", "driver": "gpu.tangram.dev", "pool": node, "device": d} for d in devices
+            ]
+        }
+    }
+
+
+def adopted(event: ClaimRequested, value: dict[str, Any]) -> ClaimRequested:
+    return msgspec.structs.replace(event, allocation=value, event_id=f"{event.event_id}-adopted")
+
+
+def test_a_claim_another_writer_allocated_is_held_and_freed_on_release() -> None:
+    book = ledger()
+    other = request(1, gpus(1))
+    assert book.apply(adopted(other, allocation("gpu-0", "gpu-1"))) == []
+    assert book.fleet.allocation(other.uid) is not None
+    # the allocator never gives those GPUs again: 6 are left
+    assert isinstance(book.apply(request(2, gpus(7)))[0], ClaimFailed)
+    assert book.apply(released(other)) == []  # the node destroys what it made itself
+    assert book.fleet.allocation(other.uid) is None
+    assert isinstance(book.apply(request(3, gpus(8)))[0], ClaimAllocated)
+
+
+def test_the_allocators_own_allocation_read_back_changes_nothing() -> None:
+    book = ledger()
+    claim = request(1, gpus(2))
+    [allocated] = book.apply(claim)
+    assert isinstance(allocated, ClaimAllocated)
+    written = allocation(*(d.device for d in allocated.devices))
+    assert book.apply(adopted(claim, written)) == []
+    assert book.decided[claim.uid] == "allocated" and claim.uid not in book.outside
+
+
+def test_when_another_writer_won_the_allocators_decision_is_undone_and_theirs_held() -> None:
+    book = Ledger(fleet=FleetState(), classes=CLASSES)
+    book.apply(inventory("dgx-h100", "n1"), live=False)
+    claim = request(1, mig("1g.10gb"))
+    ours = book.apply(claim)
+    create = next(e for e in ours if isinstance(e, PartitionRequested))
+    allocated = next(e for e in ours if isinstance(e, ClaimAllocated))
+    [mine] = allocated.devices
+    theirs = book.fleet.node("n1")
+    assert theirs is not None
+    other_device = next(d.name for d in theirs.devices if d.profile == "1g.10gb" and d.name != mine.device)
+    outputs = book.apply(adopted(claim, allocation(other_device)))
+    [destroy] = outputs
+    assert isinstance(destroy, PartitionRequested) and destroy.action == "destroy"
+    assert destroy.placement == create.placement and destroy.claim_uid == claim.uid
+    held = book.fleet.allocation(claim.uid)
+    assert held is not None and [d.device for d in held.devices] == [other_device]
+    assert book.outside[claim.uid] == "n1"
