@@ -12,9 +12,9 @@ from tangram.cdi.devices import ClaimRef
 from tangram.events import ClaimAllocated, decode, encode
 from tangram.k8s.claimbridge import (
     allocation_status,
-    class_driver,
     claim_adopted,
     claim_requested,
+    class_driver,
     classify,
     may_ungate,
     pod_claims,
