@@ -10,10 +10,12 @@ import socket
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import yaml
 from prometheus_client import Counter, Gauge, Histogram
 
+from services.allocator.kubernetes import ClaimBridge
 from services.allocator.settings import AllocatorSettings
 from tangram.allocation import DeviceClass, FleetState
 from tangram.allocation.ledger import Ledger
@@ -34,6 +36,7 @@ from tangram.events import (
     PartitionFailed,
 )
 from tangram.k8s.deviceclasses import load_shipped_device_classes
+from tangram.kube import connect
 from tangram.service import ServiceContext, first, settle
 
 log = logging.getLogger("tangram.allocator")
@@ -102,6 +105,14 @@ def _log_reused_instances(ledger: Ledger, allocated: ClaimAllocated) -> None:
         )
 
 
+async def _closing(api: Any, stop: asyncio.Event) -> None:
+    """Close the Kubernetes client when the service stops."""
+    try:
+        await stop.wait()
+    finally:
+        await api.close()
+
+
 def holder_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
@@ -141,6 +152,11 @@ async def _serve(ctx: ServiceContext, settings: AllocatorSettings, tasks: list[a
     # do not walk it (a pause of hundreds of ms at 1,000 nodes) in the middle of decisions.
     gc.collect()
     gc.freeze()
+    bridge: ClaimBridge | None = None
+    if settings.kubernetes:
+        api = await connect(kubeconfig=settings.kubeconfig)
+        tasks.append(asyncio.create_task(_closing(api, ctx.stop)))
+        bridge = ClaimBridge(api, ledger, ctx.bus.publish, producer=ctx.bus.config.producer)
 
     async def handle(event: Event) -> None:
         if isinstance(event, PartitionApplied | PartitionFailed):
@@ -149,7 +165,7 @@ async def _serve(ctx: ServiceContext, settings: AllocatorSettings, tasks: list[a
                 raise Poison(unanswered)
         started = time.perf_counter()
         outputs = ledger.apply(event)
-        if isinstance(event, ClaimRequested) and outputs:
+        if isinstance(event, ClaimRequested) and event.allocation is None and outputs:
             DECISION_SECONDS.observe(time.perf_counter() - started)
             outcome = "allocated" if any(isinstance(o, ClaimAllocated) for o in outputs) else "failed"
             DECISIONS.labels(outcome).inc()
@@ -168,6 +184,8 @@ async def _serve(ctx: ServiceContext, settings: AllocatorSettings, tasks: list[a
                     "claim failed",
                     extra={"claim": f"{output.namespace}/{output.name}", "reason": output.reason},
                 )
+        if bridge is not None:
+            bridge.notice(event, outputs)
 
     inventory_caught_up = asyncio.Event()
     claims_ready = asyncio.Event()
@@ -201,6 +219,10 @@ async def _serve(ctx: ServiceContext, settings: AllocatorSettings, tasks: list[a
     )
     await first(claims_ready.wait(), tasks)
     await first(results_ready.wait(), tasks)
+    if bridge is not None:
+        # Started once the log is folded: what it asks and releases is judged against the ledger.
+        tasks.append(asyncio.create_task(bridge.run(ctx.stop)))
+        await first(bridge.synced.wait(), tasks)
     ctx.ready.set()
     log.info("allocator ready", extra={"policy": settings.policy, "nodes": len(ledger.fleet.node_names)})
     await first(ctx.stop.wait(), tasks)

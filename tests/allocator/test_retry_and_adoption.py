@@ -137,3 +137,24 @@ def test_when_another_writer_won_the_allocators_decision_is_undone_and_theirs_he
     held = book.fleet.allocation(claim.uid)
     assert held is not None and [d.device for d in held.devices] == [other_device]
     assert book.outside[claim.uid] == "n1"
+
+
+def test_a_released_claim_asked_again_with_a_later_attempt_is_decided_again_and_rebuilt_so() -> None:
+    book = ledger()
+    claim = request(1, gpus(8))
+    log: list[Event] = [inventory("l40s-8", "n1")]
+    for event in (claim, released(claim)):
+        log.append(event)
+        log.extend(book.apply(event))
+    assert book.apply(claim) == []  # the same attempt after its release: nothing
+    reused = again(claim, 1)
+    log.append(reused)
+    [allocated] = book.apply(reused)
+    log.append(allocated)
+    assert isinstance(allocated, ClaimAllocated) and allocated.attempt == 1
+    rebuilt = Ledger(fleet=FleetState(), classes=CLASSES)
+    for event in log:
+        rebuilt.apply(event, live=False)
+    assert rebuilt.snapshot() == book.snapshot()
+    assert isinstance(rebuilt.apply(request(2, gpus(1)))[0], ClaimFailed)  # all 8 held again
+    assert replay(_log(log), CLASSES).divergences == []

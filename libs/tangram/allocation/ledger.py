@@ -93,6 +93,10 @@ class Ledger:
                 return self._adopt_allocation(event, allocation, live=live)
             case ClaimRequested():
                 self.claims[event.uid] = (event.namespace, event.name)
+                if event.uid in self.released and event.attempt > self.attempts.get(event.uid, 0):
+                    # Released (deallocated) and asked again with a later attempt: a new pod uses it.
+                    self.released.discard(event.uid)
+                    self.decided.pop(event.uid, None)
                 if live and self._to_decide(event):
                     return self._decide(event)
                 # Deciding counts the claim in the demand mix; a claim read back from the log is
@@ -283,6 +287,7 @@ class Ledger:
 
     def _adopt(self, event: ClaimAllocated) -> None:
         self.decided[event.uid] = "allocated"
+        self.attempts[event.uid] = max(self.attempts.get(event.uid, 0), event.attempt)
         self.claims[event.uid] = (event.namespace, event.name)
         for command_id in event.partitions:
             self.commands[command_id] = event.uid

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from tangram import DRIVER_NAME
+from tangram.allocation.model import Allocated
 from tangram.events import ClaimAllocated, ClaimReleased, ClaimRequested
 from tangram.events.ids import derived_id
 from tangram.k8s.names import SCHEDULING_GATE
@@ -228,10 +229,12 @@ def claim_adopted(
     )
 
 
-def claim_released(ref: ClaimRef, *, producer: str) -> ClaimReleased:
+def claim_released(ref: ClaimRef, *, producer: str, attempt: int = 0) -> ClaimReleased:
+    """The release of the claim as decided at `attempt` (a claim deallocated and used again is
+    asked, and released, again with a later attempt)."""
     return ClaimReleased(
         key=ref.uid,
-        event_id=derived_id("claim-released", ref.uid),
+        event_id=derived_id("claim-released", ref.uid, attempt),
         producer=producer,
         namespace=ref.namespace,
         name=ref.name,
@@ -249,7 +252,7 @@ def _class_manifest(manifest: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def allocation_status(allocated: ClaimAllocated) -> dict[str, Any]:
+def allocation_status(allocated: ClaimAllocated | Allocated) -> dict[str, Any]:
     """`status.allocation` (resource.k8s.io/v1) for a decision: its devices, the configs from the
     class and the claim, and a node selector naming the node, as kube-scheduler writes it."""
     results: list[dict[str, Any]] = []
