@@ -57,6 +57,7 @@ from tangram.k8s.claimbridge import (
     warning_event,
 )
 from tangram.kube import KubeApiError, call, call_json
+from tangram.service import first
 
 log = logging.getLogger("tangram.allocator.kubernetes")
 
@@ -101,6 +102,7 @@ class ClaimBridge:
         self._known: set[str] = set()  # uids of claims this bridge asked about
         self._pending: set[str] = set()  # uids of Tangram's claims that failed: asked again on release
         self._released: set[str] = set()
+        self._reasked: set[str] = set()  # released, then asked again for a pod that waits for it
         self._queue: asyncio.Queue[tuple[Event, list[Event]]] = asyncio.Queue()
         self.synced = asyncio.Event()  # every kind listed once and the resync done
         self._listed: set[str] = set()
@@ -137,7 +139,7 @@ class ClaimBridge:
             asyncio.create_task(self._follow("pods", self._list_pods, self._watch_pods, stop)),
         ]
         try:
-            await stop.wait()
+            await first(stop.wait(), tasks)  # a failing task fails the allocator, never silently
         finally:
             for task in tasks:
                 task.cancel()
@@ -158,16 +160,27 @@ class ClaimBridge:
             try:
                 version = await list_all()
                 self._listed.add(kind)
-                if self._listed >= {"classes", "claims", "pods"} and not self.synced.is_set():
-                    await self._resync()
+                if self._listed >= {"classes", "claims", "pods"}:
+                    # Judged only with all three at hand: what one listing found may depend on another's.
+                    if not self.synced.is_set():
+                        await self._resync()
+                    await self._reconcile_everything()
                     self.synced.set()
                 failures = 0
                 await watch(version)
-            except (KubeApiError, ApiException, aiohttp.ClientError, TimeoutError, OSError) as error:
+            except (
+                KubeApiError,
+                ApiException,
+                aiohttp.ClientError,
+                TimeoutError,
+                OSError,
+                ValueError,
+            ) as error:
                 failures += 1
                 delay = min(5.0, 0.2 * 2 ** min(failures, 5))
-                log.info(
-                    f"{kind} watch ended; listing again", extra={"error": str(error), "retry_in_s": delay}
+                log.warning(
+                    f"{kind} watch ended; listing again",
+                    extra={"error": f"{type(error).__name__}: {error}", "retry_in_s": delay},
                 )
                 await asyncio.sleep(delay)
 
@@ -197,7 +210,6 @@ class ClaimBridge:
             self._resource.list_device_class(_preload_content=False, _request_timeout=self._timeout),
         )
         self.classes = {str(c["metadata"]["name"]): c for c in listed.get("items") or []}
-        await self._reconcile_all()
         return str(listed["metadata"].get("resourceVersion", ""))
 
     async def _watch_classes(self, version: str) -> None:
@@ -225,8 +237,6 @@ class ClaimBridge:
             if key not in present or _uid(present[key]) != _uid(gone):
                 await self._claim_gone(gone)
         self.claims = present
-        for claim in list(present.values()):
-            await self._reconcile_claim(claim, None)
         return str(listed["metadata"].get("resourceVersion", ""))
 
     async def _watch_claims(self, version: str) -> None:
@@ -246,13 +256,17 @@ class ClaimBridge:
         await self._watch(self._resource.list_resource_claim_for_all_namespaces, version, on)
 
     async def _reconcile_all(self) -> None:
-        if "claims" not in self._listed:
-            return
-        for claim in list(self.claims.values()):
-            await self._reconcile_claim(claim, None)
+        if self._listed >= {"classes", "claims", "pods"}:
+            for claim in list(self.claims.values()):
+                await self._reconcile_claim(claim, None)
+
+    async def _reconcile_everything(self) -> None:
+        await self._reconcile_all()
+        for pod in list(self.pods.values()):
+            await self._pod_changed(pod)
 
     async def _reconcile_claim(self, claim: dict[str, Any], before: dict[str, Any] | None) -> None:
-        if "classes" not in self._listed:
+        if not self._listed >= {"classes", "claims", "pods"}:
             return
         uid = _uid(claim)
         kind = classify(claim, self.classes)
@@ -290,22 +304,31 @@ class ClaimBridge:
         return held is not None and same_allocation(allocation_status(held), allocation)
 
     async def _ask(self, claim: dict[str, Any]) -> None:
-        """Publish the claim's request, unless asked already; write a decision already made."""
+        """Publish the claim's request once; a decision already made but not written is written.
+
+        Asked again (a later attempt) only when it was released and a pod waits for it again, or
+        when it failed before this allocator led (capacity may have changed since); a claim that
+        fails while this allocator leads is asked again when capacity is released.
+        """
         uid = _uid(claim)
-        if self._ledger.decided.get(uid) == "allocated":
+        released = uid in self._released or uid in self._ledger.released
+        if released:
+            if uid in self._reasked:
+                return
+            self._reasked.add(uid)
+            self._released.discard(uid)
+        elif self._ledger.decided.get(uid) == "allocated":
             held = self._ledger.fleet.allocation(uid)
-            if held is not None:  # decided before a restart, never written
+            if held is not None:  # decided, never written (the allocator stopped in between)
                 await self._write_allocation(claim, allocation_status(held), uid)
             return
-        attempt = max(self._ledger.attempts.get(uid, 0), self._requested.get(uid, 0))
-        if uid in self._released or uid in self._ledger.released:
-            attempt += 1  # released (deallocated), and a pod waits for it again
-            self._released.discard(uid)
-        elif self._ledger.decided.get(uid) == "failed":
-            attempt += 1  # decided before this allocator led: capacity may have changed since
-            self._pending.add(uid)
-        if uid in self._requested and self._requested[uid] >= attempt:
+        elif uid in self._requested:
             return
+        attempt = max(self._ledger.attempts.get(uid, 0), self._requested.get(uid, 0))
+        if released or self._ledger.decided.get(uid) == "failed":
+            attempt += 1
+        if self._ledger.decided.get(uid) == "failed":
+            self._pending.add(uid)
         self._requested[uid] = attempt
         self._known.add(uid)
         await self._publish(claim_requested(claim, self.classes, producer=self._producer, attempt=attempt))
@@ -319,6 +342,7 @@ class ClaimBridge:
         if ref.uid not in self._decided_or_known():
             return
         self._released.add(ref.uid)
+        self._reasked.discard(ref.uid)
         self._pending.discard(ref.uid)
         attempt = max(self._ledger.attempts.get(ref.uid, 0), self._requested.get(ref.uid, 0))
         await self._publish(claim_released(ref, producer=self._producer, attempt=attempt))
@@ -444,8 +468,6 @@ class ClaimBridge:
             self._core.list_pod_for_all_namespaces(_preload_content=False, _request_timeout=self._timeout),
         )
         self.pods = {_key(p): p for p in listed.get("items") or [] if _relevant(p)}
-        for pod in list(self.pods.values()):
-            await self._pod_changed(pod)
         return str(listed["metadata"].get("resourceVersion", ""))
 
     async def _watch_pods(self, version: str) -> None:
@@ -461,7 +483,9 @@ class ClaimBridge:
 
     async def _pod_changed(self, pod: dict[str, Any]) -> None:
         """A gated pod's claims are decided once it waits for them; its gate goes when they are."""
-        if gated(pod) and "claims" in self._listed and "classes" in self._listed:
+        if not self._listed >= {"classes", "claims", "pods"}:
+            return
+        if gated(pod):
             namespace = _key(pod)[0]
             for name in pod_claims(pod) or []:
                 claim = self.claims.get((namespace, name))
@@ -475,7 +499,7 @@ class ClaimBridge:
             await self._maybe_ungate(pod)
 
     async def _maybe_ungate(self, pod: dict[str, Any]) -> None:
-        if "claims" not in self._listed or "classes" not in self._listed:
+        if not self._listed >= {"classes", "claims", "pods"}:
             return
         for _ in range(WRITE_TRIES):
             if not gated(pod) or not may_ungate(pod, self.claims, self.classes):

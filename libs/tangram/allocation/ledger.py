@@ -170,6 +170,11 @@ class Ledger:
         if sent_to is None:
             if result.claim_uid not in self.decided:
                 return None  # the node's own command, for a claim decided outside the allocator
+            held = self.fleet.allocation(result.claim_uid)
+            if result.action == "disable-mig" and held is not None and held.node == result.node:
+                # The node prepares what the allocator wrote to the claim, and takes a whole GPU
+                # out of MIG mode whether or not the allocator's inventory showed it in: harmless.
+                return None
             return f"{result.action} result for command {result.command_id!r}, which was never sent"
         return (
             f"{result.action} result from node {result.node!r} for command {result.command_id!r}, "

@@ -69,6 +69,8 @@ class LocalCluster:
     passwords: dict[str, str] = field(default_factory=dict, repr=False)
     # With a kubeconfig, discovery publishes ResourceSlices and cdi reads claims from that API server.
     kubeconfig: Path | None = None
+    # With a kubeconfig too, the allocator decides the cluster's claims of pods held by the gate.
+    decide_in_kubernetes: bool = False
 
     def kubelet_root(self, node: str) -> Path:
         return self.workdir / node / "kubelet"
@@ -138,7 +140,12 @@ class LocalCluster:
                 timeout=60,
                 capture_output=True,
             )
-        self._spawn("allocator", ["services.allocator"], {}, ALLOCATOR_USER)
+        deciding = (
+            ["--kubernetes", "--kubeconfig", str(self.kubeconfig)]
+            if self.kubeconfig and self.decide_in_kubernetes
+            else []
+        )
+        self._spawn("allocator", ["services.allocator", *deciding], {}, ALLOCATOR_USER)
         for node in self.nodes:
             (self.workdir / node.name).mkdir(parents=True, exist_ok=True)
             # A simulated node has no driver install; lay one out so its CDI specs are complete.

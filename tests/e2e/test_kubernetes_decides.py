@@ -1,0 +1,199 @@
+"""Tangram decides the claims of pods held by its scheduling gate, against the real control plane.
+
+The gate is written into the pod as admission adds it. The allocator writes the claim's
+allocation naming the node, removes the gate, kube-scheduler binds the pod to that node, and the
+test kubelet prepares it; a claim that cannot be placed gets an Event and is allocated once
+capacity frees; deleting the pod releases the claim and destroys its MIG instance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from tangram.k8s.names import SCHEDULING_GATE
+from tangram.kube.controlplane import ControlPlane
+from tests.e2e.kubecluster import (
+    DRIVER,
+    MIG_1G,
+    NOT_GPU0,
+    Node,
+    allocator_state,
+    claim_of,
+    pod,
+    started_node,
+    template,
+    until,
+    wait_for_pod,
+)
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.controlplane]
+
+
+@pytest.fixture
+async def node(controlplane: ControlPlane, kube: Any, unique: str) -> AsyncIterator[Node]:
+    async with started_node(controlplane, kube, unique, decide=True) as started:
+        yield started
+
+
+def mig_template(namespace: str) -> dict[str, Any]:
+    request = {
+        "name": "mig",
+        "exactly": {"deviceClassName": "mig.gpu.tangram.dev", "selectors": [{"cel": {"expression": MIG_1G}}]},
+    }
+    return template("small", namespace, {"devices": {"requests": [request]}})
+
+
+def gpus_template(name: str, namespace: str, count: int) -> dict[str, Any]:
+    request = {
+        "name": "gpus",
+        "exactly": {
+            "deviceClassName": DRIVER,
+            "count": count,
+            "selectors": [{"cel": {"expression": NOT_GPU0}}],
+        },
+    }
+    return template(name, namespace, {"devices": {"requests": [request]}})
+
+
+async def gone(check: Any) -> bool:
+    try:
+        await check
+    except Exception:
+        return True
+    return False
+
+
+async def test_tangram_allocates_the_gated_pods_claim_and_kube_scheduler_places_it_there(node: Node) -> None:
+    ns = node.namespace
+    await node.resource.create_namespaced_resource_claim_template(ns, mig_template(ns))
+    before = node.mig_uuids()
+    await node.core.create_namespaced_pod(
+        ns, pod("worker", ns, None, {"mig": {"resourceClaimTemplateName": "small"}}, gates=[SCHEDULING_GATE])
+    )
+
+    async def allocated_claim() -> dict[str, Any] | None:
+        found = await node.core.read_namespaced_pod("worker", ns)
+        if not found.status.resource_claim_statuses:
+            return None
+        claim = await claim_of(node, found, "mig")
+        return claim if (claim.get("status") or {}).get("allocation") else None
+
+    claim = await until("Tangram writes the claim's allocation", allocated_claim)
+    allocation = claim["status"]["allocation"]
+    [result] = allocation["devices"]["results"]
+    assert result["driver"] == DRIVER and result["pool"] == node.name and "-mig-1g-18gb-" in result["device"]
+    assert allocation["nodeSelector"]["nodeSelectorTerms"] == [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node.name]}]}
+    ]
+
+    running = await wait_for_pod(node, "worker", "Running")
+    assert running.spec.node_name == node.name
+    assert not running.spec.scheduling_gates
+    [made] = node.mig_uuids() - before
+    assert made in node.spec_text(claim["metadata"]["uid"])
+
+    await node.core.delete_namespaced_pod("worker", ns)
+    await until("the pod removed", lambda: gone(node.core.read_namespaced_pod("worker", ns)))
+
+    async def destroyed() -> bool:
+        return made not in node.mig_uuids()
+
+    await until("the MIG instance destroyed", destroyed)
+    await until(
+        "the claim deleted with its pod",
+        lambda: gone(node.resource.read_namespaced_resource_claim(claim["metadata"]["name"], ns)),
+    )
+
+
+async def test_a_claim_that_cannot_be_placed_gets_an_event_and_is_allocated_once_capacity_frees(
+    node: Node,
+) -> None:
+    ns = node.namespace
+    await node.resource.create_namespaced_resource_claim_template(ns, gpus_template("seven", ns, 7))
+    await node.resource.create_namespaced_resource_claim_template(ns, gpus_template("one", ns, 1))
+    await node.core.create_namespaced_pod(
+        ns, pod("holder", ns, None, {"gpus": {"resourceClaimTemplateName": "seven"}}, gates=[SCHEDULING_GATE])
+    )
+    await wait_for_pod(node, "holder", "Running")
+    await node.core.create_namespaced_pod(
+        ns, pod("waiter", ns, None, {"gpus": {"resourceClaimTemplateName": "one"}}, gates=[SCHEDULING_GATE])
+    )
+
+    async def warned() -> dict[str, str] | None:
+        events = await node.core.list_namespaced_event(ns)
+        found = {
+            e.involved_object.kind: e.message
+            for e in events.items
+            if e.reason == "TangramUnschedulable" and e.type == "Warning"
+        }
+        return found if {"ResourceClaim", "Pod"} <= set(found) else None
+
+    messages = await until("a Warning Event on the claim and on the pod", warned)
+    # the allocator's per-node reason, word for word
+    assert (
+        "0/1 nodes fit" in messages["ResourceClaim"] and "not enough free GPUs" in messages["ResourceClaim"]
+    )
+    assert messages["Pod"] == messages["ResourceClaim"]
+    waiting = await node.core.read_namespaced_pod("waiter", ns)
+    assert [g.name for g in waiting.spec.scheduling_gates] == [SCHEDULING_GATE]
+    assert waiting.spec.node_name is None
+
+    await node.core.delete_namespaced_pod("holder", ns)
+    running = await wait_for_pod(node, "waiter", "Running")
+    assert running.spec.node_name == node.name
+    claim = await claim_of(node, running, "gpus")
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    assert result["pool"] == node.name
+
+
+async def test_a_restarted_allocator_resyncs_without_giving_anything_twice(node: Node) -> None:
+    ns = node.namespace
+    await node.resource.create_namespaced_resource_claim_template(ns, mig_template(ns))
+    await node.resource.create_namespaced_resource_claim_template(ns, gpus_template("pair", ns, 2))
+    use = {"mig": {"resourceClaimTemplateName": "small"}}
+    await node.core.create_namespaced_pod(ns, pod("first", ns, None, use, gates=[SCHEDULING_GATE]))
+    first = await wait_for_pod(node, "first", "Running")
+    first_claim = await claim_of(node, first, "mig")
+
+    node.cluster.crash("allocator")
+    # While it is down: a claim deleted, claims made (one gated for Tangram, one that
+    # kube-scheduler allocates since no gate holds its pod).
+    await node.core.delete_namespaced_pod("first", ns)
+    await node.core.create_namespaced_pod(ns, pod("second", ns, None, use, gates=[SCHEDULING_GATE]))
+    await node.core.create_namespaced_pod(
+        ns, pod("by-kube", ns, node.name, {"gpus": {"resourceClaimTemplateName": "pair"}})
+    )
+    await wait_for_pod(node, "by-kube", "Running")
+    node.cluster.restart("allocator")
+    await node.core.create_namespaced_pod(ns, pod("third", ns, None, use, gates=[SCHEDULING_GATE]))
+
+    pods = {name: await wait_for_pod(node, name, "Running") for name in ("second", "third", "by-kube")}
+    await until(
+        "the first pod's claim deleted",
+        lambda: gone(node.resource.read_namespaced_resource_claim(first_claim["metadata"]["name"], ns)),
+    )
+    held: list[tuple[str, str]] = []
+    owners: dict[str, str] = {}
+    for name, found in pods.items():
+        entry = "gpus" if name == "by-kube" else "mig"
+        claim = await claim_of(node, found, entry)
+        results = claim["status"]["allocation"]["devices"]["results"]
+        held += [(r["pool"], r["device"]) for r in results]
+        owners.update({r["device"]: claim["metadata"]["uid"] for r in results})
+    assert len(held) == len(set(held)) == 4, held
+
+    # The restarted allocator's ledger holds exactly what the API server says: kube-scheduler's
+    # pair adopted, the deleted claim's instance released, each device once.
+    async def ledger_agrees() -> dict[str, str] | None:
+        state = await allocator_state(node.cluster)
+        allocated = state["allocated"].get(node.name, {})
+        return allocated if allocated == owners else None
+
+    await until("the allocator's ledger holds what the API server holds", ledger_agrees)
+    # the MIG slices of two 1g claims and a whole GPU pair never overlap either: distinct GPUs
+    # for the pair, and the 1g devices are on GPUs the pair does not hold
+    pair_gpus = {d for p, d in held if "-mig-" not in d}
+    assert all(not any(d.startswith(g + "-") for g in pair_gpus) for _, d in held if "-mig-" in d), held
