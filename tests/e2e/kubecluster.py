@@ -100,7 +100,7 @@ async def why(node: Node, name: str) -> str:
 
 @contextlib.asynccontextmanager
 async def started_node(
-    controlplane: ControlPlane, kube: Any, unique: str, *, decide: bool = False
+    controlplane: ControlPlane, kube: Any, unique: str, *, decide: bool = False, allocators: int = 1
 ) -> AsyncIterator[Node]:
     """One simulated node of Tangram's services against the control plane, played by the test
     kubelet; with `decide`, the allocator decides the claims of pods held by Tangram's gate."""
@@ -110,7 +110,10 @@ async def started_node(
     await install_device_classes(kube)
     await call("create namespace", CoreV1Api(kube).create_namespace({"metadata": {"name": unique}}))
     cluster = LocalCluster(
-        [SimNode(name, MACHINE)], kubeconfig=controlplane.kubeconfig, decide_in_kubernetes=decide
+        [SimNode(name, MACHINE)],
+        kubeconfig=controlplane.kubeconfig,
+        decide_in_kubernetes=decide,
+        allocators=allocators,
     )
     cluster.start()
     stop = asyncio.Event()
@@ -131,7 +134,7 @@ async def started_node(
         codes = cluster.stop()
         with contextlib.suppress(KubeApiError):
             await call("delete namespace", CoreV1Api(kube).delete_namespace(unique))
-        assert all(code == 0 for code in codes.values()), codes
+        assert all(code == 0 for name, code in codes.items() if name not in cluster.crashed), codes
 
 
 def template(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -177,9 +180,20 @@ async def claim_of(node: Node, pod_obj: Any, entry: str) -> dict[str, Any]:
     return dict(node.api.sanitize_for_serialization(claim))
 
 
-async def allocator_state(cluster: LocalCluster) -> dict[str, Any]:
-    """What the running allocator's ledger holds (its /state), read at the port it logged last."""
-    lines = cluster.service("allocator").log_path.read_text().splitlines()
+def leading_allocator(cluster: LocalCluster) -> str | None:
+    """The allocator process that holds the lease now (it logged acquiring it last, and runs)."""
+    for service in cluster.processes:
+        if not service.name.startswith("allocator") or service.process.poll() is not None:
+            continue
+        text = service.log_path.read_text()
+        if text.rfind("leadership acquired") > text.rfind("leadership released"):
+            return service.name
+    return None
+
+
+async def allocator_state(cluster: LocalCluster, name: str = "allocator") -> dict[str, Any]:
+    """What a running allocator's ledger holds (its /state), read at the port it logged last."""
+    lines = cluster.service(name).log_path.read_text().splitlines()
     port = next(
         json.loads(line)["health_port"]
         for line in reversed(lines)

@@ -22,6 +22,7 @@ from tests.e2e.kubecluster import (
     Node,
     allocator_state,
     claim_of,
+    leading_allocator,
     pod,
     started_node,
     template,
@@ -197,3 +198,53 @@ async def test_a_restarted_allocator_resyncs_without_giving_anything_twice(node:
     # for the pair, and the 1g devices are on GPUs the pair does not hold
     pair_gpus = {d for p, d in held if "-mig-" not in d}
     assert all(not any(d.startswith(g + "-") for g in pair_gpus) for _, d in held if "-mig-" in d), held
+
+
+@pytest.fixture
+async def two_allocators(controlplane: ControlPlane, kube: Any, unique: str) -> AsyncIterator[Node]:
+    async with started_node(controlplane, kube, unique, decide=True, allocators=2) as started:
+        yield started
+
+
+async def test_a_standby_allocator_takes_over_and_loses_or_duplicates_nothing(two_allocators: Node) -> None:
+    node = two_allocators
+    ns = node.namespace
+    await node.resource.create_namespaced_resource_claim_template(ns, mig_template(ns))
+    use = {"mig": {"resourceClaimTemplateName": "small"}}
+    await node.core.create_namespaced_pod(ns, pod("first", ns, None, use, gates=[SCHEDULING_GATE]))
+    first = await wait_for_pod(node, "first", "Running")
+    first_claim = await claim_of(node, first, "mig")
+    first_device = first_claim["status"]["allocation"]["devices"]["results"][0]["device"]
+
+    async def leader() -> str | None:
+        return leading_allocator(node.cluster)
+
+    killed = await until("an allocator leads", leader)
+    node.cluster.crash(killed)
+    # While no allocator leads (until the lease expires), pods arrive and the first one goes.
+    for name in ("second", "third"):
+        await node.core.create_namespaced_pod(ns, pod(name, ns, None, use, gates=[SCHEDULING_GATE]))
+    await node.core.delete_namespaced_pod("first", ns)
+
+    standby = await until("the standby allocator leads", leader)
+    assert standby != killed
+    pods = {name: await wait_for_pod(node, name, "Running") for name in ("second", "third")}
+    await until(
+        "the first pod's claim deleted",
+        lambda: gone(node.resource.read_namespaced_resource_claim(first_claim["metadata"]["name"], ns)),
+    )
+    owners: dict[str, str] = {}
+    for found in pods.values():
+        claim = await claim_of(node, found, "mig")
+        [result] = claim["status"]["allocation"]["devices"]["results"]
+        assert result["device"] not in owners
+        owners[result["device"]] = claim["metadata"]["uid"]
+    assert len(owners) == 2
+
+    async def ledger_agrees() -> dict[str, str] | None:
+        state = await allocator_state(node.cluster, standby)
+        allocated = state["allocated"].get(node.name, {})
+        return allocated if allocated == owners else None
+
+    held = await until("the new leader's ledger holds exactly the live claims", ledger_agrees)
+    assert first_device not in held or held[first_device] != first_claim["metadata"]["uid"]

@@ -38,6 +38,7 @@ def validate_device_name(name: str) -> str:
         raise InvalidName(f"device name {name!r} is not a DNS label")
     return name
 
+
 # The scheduling gate that holds a pod using Tangram's claims until the allocator has written their
 # allocation: added at admission, removed by the allocator (or after its timeout, to let
 # kube-scheduler decide instead).
