@@ -102,6 +102,7 @@ class ClaimBridge:
         self._known: set[str] = set()  # uids of claims this bridge asked about
         self._pending: set[str] = set()  # uids of Tangram's claims that failed: asked again on release
         self._released: set[str] = set()
+        self._warned: dict[str, str] = {}  # uid -> the failure reason last recorded as an Event
         self._reasked: set[str] = set()  # released, then asked again for a pod that waits for it
         self._queue: asyncio.Queue[tuple[Event, list[Event]]] = asyncio.Queue()
         self.synced = asyncio.Event()  # every kind listed once and the resync done
@@ -344,6 +345,7 @@ class ClaimBridge:
         self._released.add(ref.uid)
         self._reasked.discard(ref.uid)
         self._pending.discard(ref.uid)
+        self._warned.pop(ref.uid, None)
         attempt = max(self._ledger.attempts.get(ref.uid, 0), self._requested.get(ref.uid, 0))
         await self._publish(claim_released(ref, producer=self._producer, attempt=attempt))
 
@@ -375,6 +377,7 @@ class ClaimBridge:
 
     async def _write(self, allocated: ClaimAllocated) -> None:
         self._pending.discard(allocated.uid)
+        self._warned.pop(allocated.uid, None)
         claim = self.claims.get((allocated.namespace, allocated.name))
         if claim is None or _uid(claim) != allocated.uid:
             claim = await self._read_claim(allocated.namespace, allocated.name, allocated.uid)
@@ -434,6 +437,9 @@ class ClaimBridge:
         if claim is None or _uid(claim) != failed.uid:
             return
         self._pending.add(failed.uid)
+        if self._warned.get(failed.uid) == failed.reason:
+            return  # asked again and failed for the same reason: said once is enough
+        self._warned[failed.uid] = failed.reason
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         suffix = derived_id(failed.uid, failed.attempt, "unschedulable")[:16]
         involved = [("ResourceClaim", claim)] + [
