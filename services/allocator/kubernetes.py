@@ -436,7 +436,14 @@ class ClaimBridge:
         claim = self.claims.get((failed.namespace, failed.name))
         if claim is None or _uid(claim) != failed.uid:
             return
-        self._pending.add(failed.uid)
+        allocation = allocation_of(claim)
+        if allocation is not None and holds_driver(allocation):
+            # Failed after its allocation was written (its MIG instance could not be made): the
+            # allocation stands in the API server and the node prepares it, so the ledger holds
+            # its devices again rather than give them to another claim.
+            await self._publish(claim_adopted(claim, self.classes, producer=self._producer))
+        else:
+            self._pending.add(failed.uid)
         if self._warned.get(failed.uid) == failed.reason:
             return  # asked again and failed for the same reason: said once is enough
         self._warned[failed.uid] = failed.reason

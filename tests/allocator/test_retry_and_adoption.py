@@ -17,6 +17,7 @@ from tangram.events import (
     ClaimReleased,
     ClaimRequested,
     Event,
+    PartitionFailed,
     PartitionRequested,
     encode,
 )
@@ -158,3 +159,33 @@ def test_a_released_claim_asked_again_with_a_later_attempt_is_decided_again_and_
     assert rebuilt.snapshot() == book.snapshot()
     assert isinstance(rebuilt.apply(request(2, gpus(1)))[0], ClaimFailed)  # all 8 held again
     assert replay(_log(log), CLASSES).divergences == []
+
+
+def test_a_claim_failed_after_its_allocation_was_written_is_held_again_when_adopted() -> None:
+    book = Ledger(fleet=FleetState(), classes=CLASSES)
+    book.apply(inventory("dgx-h100", "n1"), live=False)
+    claim = request(1, mig("7g.80gb"))
+    command, allocated = book.apply(claim)
+    assert isinstance(command, PartitionRequested) and isinstance(allocated, ClaimAllocated)
+    failure = PartitionFailed(
+        key=command.node,
+        command_id=command.command_id,
+        node=command.node,
+        action="create",
+        gpu_uuid=command.gpu_uuid,
+        profile=command.profile,
+        placement=command.placement,
+        claim_uid=claim.uid,
+        reason="slices in use",
+    )
+    outputs = book.apply(failure)
+    assert any(isinstance(o, ClaimFailed) for o in outputs)
+    assert book.fleet.allocation(claim.uid) is None
+    # the allocation stands in the API server: the bridge hands it back to the ledger
+    written = allocation(*(d.device for d in allocated.devices))
+    assert book.apply(adopted(claim, written)) == []
+    held = book.fleet.allocation(claim.uid)
+    assert held is not None and [d.device for d in held.devices] == [d.device for d in allocated.devices]
+    *_, second = book.apply(request(2, mig("7g.80gb")))
+    assert isinstance(second, ClaimAllocated)
+    assert {d.gpu_index for d in second.devices}.isdisjoint({d.gpu_index for d in allocated.devices})
