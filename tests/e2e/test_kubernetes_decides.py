@@ -108,6 +108,13 @@ async def test_tangram_allocates_the_gated_pods_claim_and_kube_scheduler_places_
         lambda: gone(node.resource.read_namespaced_resource_claim(claim["metadata"]["name"], ns)),
     )
 
+    async def released() -> bool:
+        state = await allocator_state(node.cluster)
+        uid = claim["metadata"]["uid"]
+        return uid in state["released"] and uid not in state["allocated"].get(node.name, {}).values()
+
+    await until("the allocator released the deleted claim", released)
+
 
 async def test_a_claim_that_cannot_be_placed_gets_an_event_and_is_allocated_once_capacity_frees(
     node: Node,
