@@ -32,6 +32,7 @@ from tangram.events import (
     ClaimAllocated,
     ClaimFailed,
     ClaimReleased,
+    ClaimRequested,
     Event,
     PartitionApplied,
 )
@@ -123,9 +124,12 @@ class ClaimBridge:
                         await self._write(output)
                     elif isinstance(output, ClaimFailed):
                         await self._failed(output)
-                if isinstance(event, ClaimReleased) or (
-                    isinstance(event, PartitionApplied) and event.action == "destroy"
+                if (
+                    isinstance(event, ClaimReleased)
+                    or (isinstance(event, PartitionApplied) and event.action == "destroy")
+                    or (isinstance(event, ClaimRequested) and event.allocation is not None and outputs)
                 ):
+                    # capacity freed, or a claim decided again after another writer's allocation
                     await self._retry_pending()
             except KubeApiError as error:
                 log.warning("cannot act on a decision in Kubernetes", extra={"error": str(error)})
@@ -274,12 +278,7 @@ class ClaimBridge:
         if kind == "deleting":
             await self._release(claim_ref(claim))
         elif kind == "allocated":
-            allocation = allocation_of(claim) or {}
-            if holds_driver(allocation) and not self._ours(uid, allocation) and uid not in self._adopted:
-                self._adopted.add(uid)
-                self._known.add(uid)
-                self._pending.discard(uid)
-                await self._publish(claim_adopted(claim, self.classes, producer=self._producer))
+            await self._adopt(claim)
         elif before is not None and allocation_of(before) is not None and uid in self._decided_or_known():
             await self._release(claim_ref(claim))  # deallocated
         elif kind == "tangram" and self._awaited(claim):
@@ -410,6 +409,20 @@ class ClaimBridge:
                     self._adopted.add(uid)
                     await self._publish(claim_adopted(claim, self.classes, producer=self._producer))
                 break
+            taken = self._taken_by_others(uid, allocation)
+            if taken:
+                # Another writer gave a device of this decision to another claim first: that
+                # allocation stands, the ledger (told by its adoption) decides this claim again.
+                log.warning(
+                    "a device of the decision is allocated to another claim; not written",
+                    extra={
+                        "claim": f"{namespace}/{name}",
+                        "taken": {device: "/".join(_key(other)) for device, other in taken.items()},
+                    },
+                )
+                for other in taken.values():
+                    await self._adopt(other)
+                return
             body = dict(claim)
             body["status"] = {**(claim.get("status") or {}), "allocation": allocation}
             try:
@@ -431,6 +444,35 @@ class ClaimBridge:
             break
         self.claims[(namespace, name)] = claim
         await self._ungate_users(claim)
+
+    def _taken_by_others(self, uid: str, allocation: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """device -> the claim (allocated by someone else, as last read) that holds it."""
+        wanted = {
+            (r.get("driver"), r.get("pool"), r.get("device"))
+            for r in (allocation.get("devices") or {}).get("results") or []
+            if not r.get("adminAccess")
+        }
+        taken: dict[str, dict[str, Any]] = {}
+        for other in self.claims.values():
+            theirs = allocation_of(other)
+            if theirs is None or _uid(other) == uid:
+                continue
+            for r in (theirs.get("devices") or {}).get("results") or []:
+                key = (r.get("driver"), r.get("pool"), r.get("device"))
+                if key in wanted and not r.get("adminAccess"):
+                    taken[str(r.get("device"))] = other
+        return taken
+
+    async def _adopt(self, claim: dict[str, Any]) -> None:
+        """Tell the ledger of an allocation another writer made (once per claim)."""
+        uid = _uid(claim)
+        allocation = allocation_of(claim) or {}
+        if uid in self._adopted or self._ours(uid, allocation) or not holds_driver(allocation):
+            return
+        self._adopted.add(uid)
+        self._known.add(uid)
+        self._pending.discard(uid)
+        await self._publish(claim_adopted(claim, self.classes, producer=self._producer))
 
     async def _failed(self, failed: ClaimFailed) -> None:
         claim = self.claims.get((failed.namespace, failed.name))

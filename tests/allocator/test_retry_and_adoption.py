@@ -189,3 +189,20 @@ def test_a_claim_failed_after_its_allocation_was_written_is_held_again_when_adop
     *_, second = book.apply(request(2, mig("7g.80gb")))
     assert isinstance(second, ClaimAllocated)
     assert {d.gpu_index for d in second.devices}.isdisjoint({d.gpu_index for d in allocated.devices})
+
+
+def test_a_device_another_writer_gave_first_sends_the_allocators_claim_to_be_decided_again() -> None:
+    book = ledger()
+    mine = request(1, gpus(1))
+    [allocated] = book.apply(mine)
+    assert isinstance(allocated, ClaimAllocated)
+    [device] = [d.device for d in allocated.devices]
+    theirs = request(2, gpus(1))
+    [failed] = book.apply(adopted(theirs, allocation(device)))
+    assert isinstance(failed, ClaimFailed) and failed.uid == mine.uid and "another writer" in failed.reason
+    held = book.fleet.allocation(theirs.uid)
+    assert held is not None and [d.device for d in held.devices] == [device]
+    [again_allocated] = book.apply(again(mine, 1))
+    assert isinstance(again_allocated, ClaimAllocated)
+    assert [d.device for d in again_allocated.devices] != [device]
+    assert book.conflicts == []

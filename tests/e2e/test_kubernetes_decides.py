@@ -8,6 +8,7 @@ capacity frees; deleting the pod releases the claim and destroys its MIG instanc
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -255,3 +256,98 @@ async def test_a_standby_allocator_takes_over_and_loses_or_duplicates_nothing(tw
 
     held = await until("the new leader's ledger holds exactly the live claims", ledger_agrees)
     assert first_device not in held or held[first_device] != first_claim["metadata"]["uid"]
+
+
+async def test_a_class_made_in_the_cluster_is_tangrams_and_a_mixed_claim_is_left_to_kube_scheduler(
+    node: Node,
+) -> None:
+    ns = node.namespace
+    mine, other = f"{ns}.gpu.example.com", f"{ns}.example.com"
+    await node.resource.create_device_class(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": mine},
+            "spec": {
+                "selectors": [
+                    {"cel": {"expression": f'device.driver == "{DRIVER}" && {NOT_GPU0}'}},
+                    {"cel": {"expression": 'device.attributes["gpu.tangram.dev"].type == "gpu"'}},
+                ]
+            },
+        }
+    )
+    await node.resource.create_device_class(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": other},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{other}"'}}]},
+        }
+    )
+    await node.resource.create_resource_slice(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": f"{ns}-other"},
+            "spec": {
+                "driver": other,
+                "nodeName": node.name,
+                "pool": {"name": node.name, "generation": 1, "resourceSliceCount": 1},
+                "devices": [{"name": "nic-0"}],
+            },
+        }
+    )
+    try:
+        gpu = {"name": "gpu", "exactly": {"deviceClassName": mine}}
+        nic = {"name": "nic", "exactly": {"deviceClassName": other}}
+        for name, requests in (("custom", [gpu]), ("mixed", [gpu, nic])):
+            await node.resource.create_namespaced_resource_claim(
+                ns,
+                {
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "ResourceClaim",
+                    "metadata": {"name": name, "namespace": ns},
+                    "spec": {"devices": {"requests": requests}},
+                },
+            )
+            await node.core.create_namespaced_pod(
+                ns,
+                pod(
+                    f"{name}-user", ns, node.name, {"c": {"resourceClaimName": name}}, gates=[SCHEDULING_GATE]
+                ),
+            )
+
+        # the custom class is Tangram's: Tangram allocates while the pod is still gated
+        custom = await wait_for_pod(node, "custom-user", "Running")
+        assert custom.spec.node_name == node.name
+
+        # the mixed claim is kube-scheduler's: the gate goes, kube-scheduler allocates both devices
+        async def allocated_mixed() -> dict[str, Any] | None:
+            claim = await node.resource.read_namespaced_resource_claim("mixed", ns)
+            found = dict(node.api.sanitize_for_serialization(claim))
+            return found if (found.get("status") or {}).get("allocation") else None
+
+        mixed = await until("kube-scheduler allocates the mixed claim", allocated_mixed)
+        drivers = sorted(r["driver"] for r in mixed["status"]["allocation"]["devices"]["results"])
+        assert drivers == sorted([DRIVER, other])
+        [gpu_device] = [
+            r["device"] for r in mixed["status"]["allocation"]["devices"]["results"] if r["driver"] == DRIVER
+        ]
+
+        # and the allocator holds kube-scheduler's GPU as taken
+        async def adopted() -> bool:
+            state = await allocator_state(node.cluster)
+            return state["allocated"].get(node.name, {}).get(gpu_device) == mixed["metadata"]["uid"]
+
+        await until("the allocator adopts kube-scheduler's allocation", adopted)
+        # the two deciders raced for the node's GPUs (the pods came together): never the same one
+        custom_claim = await node.resource.read_namespaced_resource_claim("custom", ns)
+        custom_devices = [r.device for r in custom_claim.status.allocation.devices.results]
+        assert gpu_device not in custom_devices
+    finally:
+        for name in ("custom-user", "mixed-user"):
+            with contextlib.suppress(Exception):
+                await node.core.delete_namespaced_pod(name, ns)
+        await node.resource.delete_device_class(mine)
+        await node.resource.delete_device_class(other)
+        await node.resource.delete_resource_slice(f"{ns}-other")

@@ -326,6 +326,10 @@ class Ledger:
                 outputs = self._release(uid)
             else:
                 self.fleet.release_replayed(uid)
+        for holder in self._holders(node, devices, besides=uid):
+            # The API server holds theirs: a claim this allocator decided with the same device
+            # (its allocation not written yet, or written over theirs) is decided again.
+            outputs += self._fail_after_conflict(holder, request, live=live)
         self.decided.pop(uid, None)
         self.outside[uid] = node
         taken_twice = self.fleet.adopt_prepared(uid, node, devices)
@@ -335,6 +339,49 @@ class Ledger:
             for name in taken_twice
         )
         return outputs
+
+    def _holders(self, node_name: str, devices: list[tuple[str, str]], *, besides: str) -> list[str]:
+        """Claims this allocator decided that hold any of `devices` of the node."""
+        node = self.fleet.node(node_name)
+        if node is None:
+            return []
+        found: list[str] = []
+        for _, name in devices:
+            index = node.shape.index_by_name.get(name)
+            holder = node.allocated.get(index) if index is not None else None
+            if (
+                holder is not None
+                and holder != besides
+                and holder not in found
+                and holder not in self.outside
+                and self.decided.get(holder) == "allocated"
+            ):
+                found.append(holder)
+        return found
+
+    def _fail_after_conflict(self, uid: str, other: ClaimRequested, *, live: bool) -> list[Event]:
+        """Another writer allocated a device of this claim first: the claim is freed and failed, to
+        be asked again (a later attempt) by the claim source."""
+        self.decided[uid] = "failed"
+        namespace, name = self.claims.get(uid, ("", ""))
+        attempt = self.attempts.get(uid, 0)
+        failed = ClaimFailed(
+            key=uid,
+            event_id=derived_id(uid, "failed-after-conflict", attempt),
+            producer=self.producer,
+            namespace=namespace,
+            name=name,
+            uid=uid,
+            reason=(
+                f"a device of this claim was allocated first to claim {other.namespace}/{other.name} "
+                "by another writer; the claim is decided again"
+            ),
+            attempt=attempt,
+        )
+        if not live:
+            self.fleet.release_replayed(uid)
+            return [failed]
+        return [*self._release(uid), failed]
 
     def _adopt_prepared(self, event: ClaimPrepared) -> None:
         """A claim this allocator never decided was prepared: its devices are taken from now on."""
