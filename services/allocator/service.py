@@ -10,12 +10,11 @@ import socket
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from prometheus_client import Counter, Gauge, Histogram
 
-from services.allocator.kubernetes import ClaimBridge
 from services.allocator.settings import AllocatorSettings
 from tangram.allocation import DeviceClass, FleetState
 from tangram.allocation.ledger import Ledger
@@ -36,8 +35,10 @@ from tangram.events import (
     PartitionFailed,
 )
 from tangram.k8s.deviceclasses import load_shipped_device_classes
-from tangram.kube import connect
 from tangram.service import ServiceContext, first, settle
+
+if TYPE_CHECKING:
+    from services.allocator.kubernetes import ClaimBridge
 
 log = logging.getLogger("tangram.allocator")
 
@@ -154,6 +155,11 @@ async def _serve(ctx: ServiceContext, settings: AllocatorSettings, tasks: list[a
     gc.freeze()
     bridge: ClaimBridge | None = None
     if settings.kubernetes:
+        # Imported only when deciding in Kubernetes: the client is slow to import, and an
+        # allocator without it starts (and stops) as fast as before.
+        from services.allocator.kubernetes import ClaimBridge  # noqa: PLC0415 - only with --kubernetes
+        from tangram.kube import connect  # noqa: PLC0415 - only with --kubernetes
+
         api = await connect(kubeconfig=settings.kubeconfig)
         tasks.append(asyncio.create_task(_closing(api, ctx.stop)))
         bridge = ClaimBridge(api, ledger, ctx.bus.publish, producer=ctx.bus.config.producer)
