@@ -14,7 +14,7 @@ from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
 from services.allocator.kubernetes import ClaimBridge
 from tangram.allocation import DeviceClass, FleetState
 from tangram.allocation.ledger import Ledger
-from tangram.events import ClaimAllocated, ClaimRequested, Event
+from tangram.events import ClaimAllocated, ClaimFailed, ClaimRequested, Event
 from tangram.k8s.claimbridge import claim_requested
 from tangram.k8s.deviceclasses import load_shipped_device_classes
 from tangram.k8s.names import SCHEDULING_GATE
@@ -185,3 +185,26 @@ async def test_a_gated_pod_waits_while_its_tangram_claim_is_unallocated(setup: S
     await setup.bridge._maybe_ungate(pod)
     now = await call_json("read pod", setup.core.read_namespaced_pod("p", ns, _preload_content=False))
     assert now["spec"]["schedulingGates"] == [{"name": SCHEDULING_GATE}]
+
+
+async def test_a_decision_naming_a_device_another_claim_holds_is_not_written(setup: Setup) -> None:
+    mine = await setup.claim("mine")
+    allocated = setup.decide(mine)
+    device = allocated.devices[0].device
+    other = await setup.claim("other")
+    other["status"] = {"allocation": allocation(device)}
+    written_other = await call_json(
+        "kube-scheduler's allocation",
+        setup.resource.replace_namespaced_resource_claim_status(
+            "other", setup.namespace, other, _preload_content=False
+        ),
+    )
+    setup.bridge.claims[(setup.namespace, "mine")] = mine
+    setup.bridge.claims[(setup.namespace, "other")] = written_other
+    await setup.bridge._write(allocated)
+    assert (await setup.read("mine")).get("status", {}).get("allocation") is None
+    [adopted] = setup.published
+    assert isinstance(adopted, ClaimRequested) and adopted.uid == written_other["metadata"]["uid"]
+    # folding it, the ledger frees its own decision for the claim to be asked again
+    [failed] = setup.ledger.apply(adopted)
+    assert isinstance(failed, ClaimFailed) and failed.uid == allocated.uid
