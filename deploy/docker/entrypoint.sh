@@ -7,7 +7,9 @@ case "${SERVICE:-}" in
   allocator|discovery|partitioner|cdi) module="services.$SERVICE" ;;
   # the NATS auth callout, shipped in the allocator image; it reads TANGRAM_NATS_URL_FILE itself
   authcallout) module="tangram.authcallout" ;;
-  *) echo "tangram-entrypoint: SERVICE must be allocator, discovery, partitioner, cdi or authcallout (got '${SERVICE:-}')" >&2; exit 64 ;;
+  # the pod admission webhook, shipped in the allocator image
+  admission) module="tangram.admission" ;;
+  *) echo "tangram-entrypoint: SERVICE must be allocator, discovery, partitioner, cdi, authcallout or admission (got '${SERVICE:-}')" >&2; exit 64 ;;
 esac
 if [ -n "${TANGRAM_NATS_URL_FILE:-}" ]; then
   if [ ! -r "$TANGRAM_NATS_URL_FILE" ]; then

@@ -114,6 +114,20 @@ async def _closing(api: Any, stop: asyncio.Event) -> None:
         await api.close()
 
 
+async def resend_unanswered_destroys(ctx: ServiceContext, ledger: Ledger) -> None:
+    """Send again the destroys of released claims that the log holds no result for.
+
+    The previous leader may have died between reading a release and sending its destroys; its
+    consumer would deliver the release again, but only once the acknowledgement wait has run out.
+    A destroy it did send is not run twice: same Msg-Id, and the node answers a command once.
+    """
+    commands = [command for pending in ledger.unanswered_destroys.values() for command in pending.values()]
+    for command in commands:
+        await ctx.bus.publish(command)
+    if commands:
+        log.info("destroys of released claims sent again", extra={"commands": len(commands)})
+
+
 def holder_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
@@ -147,6 +161,7 @@ async def _serve(ctx: ServiceContext, settings: AllocatorSettings, tasks: list[a
         producer=ctx.bus.config.producer,
     )
     await rebuild(ctx, ledger)
+    await resend_unanswered_destroys(ctx, ledger)
     if ctx.health is not None:
         ctx.health.state = ledger.snapshot
     # The fleet state is long-lived: move it out of the collector's way so that full collections

@@ -18,7 +18,7 @@ from tangram.bench.traces import (
     saturating_trace,
     shipped_classes,
 )
-from tangram.cli.allocate import _renamed
+from tangram.cli.allocate import renamed_machine
 from tangram.events.inventory import NodeHardware
 
 CLASSES = shipped_classes()
@@ -54,6 +54,6 @@ def test_renaming_nodes_and_reordering_gpus_admit_the_same_claims(seed: int, shu
     for hw, name in zip(FLEET, names, strict=True):
         gpus = list(hw.gpus)
         shuffle.shuffle(gpus)
-        nodes.append(_renamed(msgspec.structs.replace(hw, gpus=gpus), name))
+        nodes.append(renamed_machine(msgspec.structs.replace(hw, gpus=gpus), name))
     shuffle.shuffle(nodes)
     assert admitted(nodes, seed) == BASELINE[seed]

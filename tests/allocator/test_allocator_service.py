@@ -18,6 +18,7 @@ from tangram.events import (
     NODES_STREAM,
     ClaimAllocated,
     ClaimFailed,
+    ClaimReleased,
     DeadLetter,
     Event,
     PartitionRequested,
@@ -99,6 +100,28 @@ async def test_restart_rebuilds_state_and_never_decides_a_claim_twice(
     devices = [d.device for e in results if isinstance(e, ClaimAllocated) for d in e.devices]
     assert len(devices) == len(set(devices)) == 8
     assert [type(e).__name__ for e in results[-2:]] == ["ClaimAllocated", "ClaimFailed"]
+
+
+async def test_a_release_logged_while_no_allocator_ran_still_destroys_the_claims_instance(
+    bus: Bus, nats_server: NatsServer
+) -> None:
+    """The next allocator folds the release while rebuilding: that must not count as acting on it."""
+    await bus.publish(inventory("dgx-h100", "node-1"))
+    async with allocator(bus, nats_server.url):
+        await bus.publish(request(1, mig("1g.10gb")))
+        [allocated] = decisions(await until(bus, lambda e: len(decisions(e)) == 1))
+    assert isinstance(allocated, ClaimAllocated)
+    await bus.publish(ClaimReleased(key=allocated.uid, namespace="team", name="claim-1", uid=allocated.uid))
+    async with allocator(bus, nats_server.url):
+        commands = await until(
+            bus,
+            lambda events: any(isinstance(e, PartitionRequested) and e.action == "destroy" for e in events),
+            NODES_STREAM,
+        )
+    [create] = [c for c in commands if isinstance(c, PartitionRequested) and c.action == "create"]
+    [destroy] = [c for c in commands if isinstance(c, PartitionRequested) and c.action == "destroy"]
+    assert destroy.claim_uid == allocated.uid
+    assert (destroy.gpu_uuid, destroy.placement) == (create.gpu_uuid, create.placement)
 
 
 async def test_bad_claims_fail_with_a_reason_and_garbage_goes_to_dead_letter(

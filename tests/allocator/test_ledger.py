@@ -111,7 +111,51 @@ def test_release_destroys_the_claims_mig_instance_once() -> None:
         command.placement,
         "1g.10gb",
     )
+    # Delivered again before any result: the same command (same Msg-Id), which the node runs once.
+    [again] = book.apply(release)
+    assert again.event_id == destroy.event_id and again.command_id == destroy.command_id
+    book.apply(_destroyed(destroy))
     assert book.apply(release) == []
+
+
+def _destroyed(command: PartitionRequested) -> PartitionApplied:
+    return PartitionApplied(
+        key=command.key, command_id=command.command_id, node=command.node, action="destroy",
+        gpu_uuid=command.gpu_uuid, gpu_index=command.gpu_index, profile=command.profile,
+        placement=command.placement, claim_uid=command.claim_uid, mig_uuid=command.mig_uuid,
+    )  # fmt: skip
+
+
+def test_a_release_folded_at_rebuild_but_never_acted_on_sends_its_destroys_when_delivered() -> None:
+    """An allocator killed after the release reached the log, before it sent the destroys: its
+    successor folds the release while rebuilding, and the consumer delivers the release again."""
+    live = ledger()
+    live.apply(inventory("dgx-h100", "n1"), live=False)
+    events: list[Event] = [inventory("dgx-h100", "n1"), request(1, mig("1g.10gb"))]
+    create, allocated = live.apply(events[1])
+    assert isinstance(create, PartitionRequested) and isinstance(allocated, ClaimAllocated)
+    made = PartitionApplied(
+        key="n1", command_id=create.command_id, node="n1", action="create", gpu_uuid=create.gpu_uuid,
+        gpu_index=create.gpu_index, profile=create.profile, placement=create.placement,
+        claim_uid=allocated.uid, mig_uuid="MIG-made-for-claim-1",
+    )  # fmt: skip
+    release = ClaimReleased(key=allocated.uid, namespace="team", name="claim-1", uid=allocated.uid)
+    log: list[Event] = [*events, create, allocated, made, release]
+
+    successor = ledger()
+    for event in log:
+        successor.apply(event, live=False)
+    [destroy] = successor.apply(release)
+    assert isinstance(destroy, PartitionRequested) and destroy.action == "destroy"
+    assert (destroy.node, destroy.gpu_uuid, destroy.placement) == ("n1", create.gpu_uuid, create.placement)
+    assert destroy.mig_uuid == "MIG-made-for-claim-1"  # the claim's own instance, named by its create
+
+    # Once the log holds the destroy's result, a rebuild has nothing left to send for it.
+    rebuilt = ledger()
+    for event in [*log, _destroyed(destroy)]:
+        rebuilt.apply(event, live=False)
+    assert rebuilt.apply(release) == []
+    assert rebuilt.unanswered_destroys == {}
 
 
 def test_failed_partition_fails_the_claim_and_frees_its_placement() -> None:

@@ -19,7 +19,10 @@ def _compose() -> dict[str, Any]:
 
 
 # Services the image's entry point starts from a library module rather than services/<name>.
-MODULES = {"authcallout": ROOT / "libs/tangram/authcallout/__main__.py"}
+MODULES = {
+    "authcallout": ROOT / "libs/tangram/authcallout/__main__.py",
+    "admission": ROOT / "libs/tangram/admission/__main__.py",
+}
 
 
 def _settings_env_vars() -> set[str]:
@@ -27,7 +30,7 @@ def _settings_env_vars() -> set[str]:
     sources = [
         ROOT / "libs/tangram/service/settings.py",
         *ROOT.glob("services/*/settings.py"),
-        ROOT / "libs/tangram/authcallout/__main__.py",
+        *MODULES.values(),
     ]
     names: set[str] = set()
     for source in sources:
@@ -125,6 +128,7 @@ def test_dockerfile_copies_existing_paths_and_runs_as_non_root() -> None:
     assert (
         'module="services.$SERVICE"' in entrypoint
         and 'authcallout) module="tangram.authcallout"' in entrypoint
+        and 'admission) module="tangram.admission"' in entrypoint
     )
     assert 'exec python -m "$module"' in entrypoint
     assert (ROOT / "deploy/docker/entrypoint.sh").stat().st_mode & 0o111

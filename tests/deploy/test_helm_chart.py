@@ -48,10 +48,14 @@ SETTINGS: dict[str, tuple[list[Path], dict[str, str]]] = {
         VALUE_SETS["existing-nats"],
         {"nats.authCallout.enabled": "true", "nats.url": "tls://nats.messaging.svc:4222"},
     ),
+    # the scheduling gate from a MutatingAdmissionPolicy instead of the webhook
+    "admission-policy": ([], {"admission.mode": "policy"}),
 }
 ALL_SETS = [*VALUE_SETS, *SETTINGS]
 # The value sets whose node users come from the auth callout (the others: static url files).
-CALLOUT_SETS = {"default", "openshift", "everything", "existing-nats-callout"}
+CALLOUT_SETS = {"default", "openshift", "everything", "existing-nats-callout", "admission-policy"}
+# The value sets that run the admission webhook (the others: the policy).
+WEBHOOK_SETS = set(ALL_SETS) - {"admission-policy"}
 CRD_KINDS = {
     ("security.openshift.io/v1", "SecurityContextConstraints"),
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
@@ -130,6 +134,8 @@ def test_helm_lint_is_clean(helm: Path, value_set: str, version: str) -> None:
         ("allocator.replica", "2", "additional properties 'replica' not allowed"),
         ("node.cleanOrphans", "some", "value must be one of"),
         ("nats.server.replicas", "2", "value must be one of"),
+        ("admission.mode", "both", "value must be one of"),
+        ("admission.policy.apiVersion", "v1", "value must be one of"),
     ],
 )
 def test_lint_refuses_a_wrong_value(helm: Path, key: str, value: str, why: str) -> None:
@@ -199,15 +205,31 @@ def test_the_value_sets_render_what_they_say(rendered: dict[str, list[dict[str, 
         "ValidatingAdmissionPolicy/tangram-resourceslices-own-node",
         "ValidatingAdmissionPolicyBinding/tangram-resourceslices-own-node",
     }
+    webhook = {
+        "ServiceAccount/tangram-admission",
+        "ClusterRole/tangram-admission",
+        "ClusterRoleBinding/tangram-admission",
+        "Role/tangram-admission",
+        "RoleBinding/tangram-admission",
+        "Deployment/tangram-admission",
+        "Service/tangram-admission",
+        "PodDisruptionBudget/tangram-admission",
+        "MutatingWebhookConfiguration/tangram-admission",
+    }
+    policy = {
+        "MutatingAdmissionPolicy/tangram-scheduling-gate",
+        "MutatingAdmissionPolicyBinding/tangram-scheduling-gate",
+    }
     openshift = {
         "SecurityContextConstraints/tangram-node",
         "ClusterRole/tangram-node-scc",
         "RoleBinding/tangram-node-scc",
     }
-    assert kinds("default") == always | nats | callout
-    assert kinds("existing-nats") == always
-    assert kinds("existing-nats-callout") == always | callout
-    assert openshift | always | nats | callout <= kinds("openshift")
+    assert kinds("default") == always | nats | callout | webhook
+    assert kinds("existing-nats") == always | webhook
+    assert kinds("existing-nats-callout") == always | callout | webhook
+    assert kinds("admission-policy") == always | nats | callout | policy
+    assert openshift | always | nats | callout | webhook <= kinds("openshift")
     assert "ServiceMonitor/tangram" in kinds("openshift")
     assert {"Namespace/tangram", "ConfigMap/tangram-dashboard", "ServiceMonitor/tangram"} <= kinds(
         "everything"
@@ -224,6 +246,9 @@ _CLUSTER_SCOPED = {
     "DeviceClass",
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
+    "MutatingWebhookConfiguration",
+    "MutatingAdmissionPolicy",
+    "MutatingAdmissionPolicyBinding",
     "SecurityContextConstraints",
 }
 
@@ -256,6 +281,10 @@ def test_every_user_of_nats_replicates_streams_three_times(
             continue
         for container in _pod(obj)["containers"]:
             env = {e["name"]: e.get("value") for e in container["env"]}
+            if container["name"] == "admission":
+                # reads pods' claims from the API server: no NATS at all
+                assert not [name for name in env if name.startswith("TANGRAM_NATS")]
+                continue
             if container["name"] == "authcallout":
                 # answers the server's authorization requests: no streams, its own static user
                 assert env["TANGRAM_NATS_URL_FILE"] == "/etc/tangram/nats/url"
@@ -446,6 +475,9 @@ def test_services_probe_healthz_and_readyz_on_their_ports(
     if value_set in CALLOUT_SETS:
         expected["authcallout"] = 8080
         workloads.append(("Deployment", "authcallout"))
+    if value_set in WEBHOOK_SETS:
+        expected["admission"] = 8080
+        workloads.append(("Deployment", "admission"))
     seen = {}
     for kind, suffix in workloads:
         for container in _containers(_one(rendered[value_set], kind, suffix)).values():
@@ -495,6 +527,8 @@ def test_the_environment_is_read_by_the_services(
     workloads = [("Deployment", "allocator"), ("DaemonSet", "node")]
     if value_set in CALLOUT_SETS:
         workloads.append(("Deployment", "authcallout"))
+    if value_set in WEBHOOK_SETS:
+        workloads.append(("Deployment", "admission"))
     for kind, suffix in workloads:
         for container in _containers(_one(rendered[value_set], kind, suffix)).values():
             names = {e["name"] for e in container["env"] if e["name"].startswith("TANGRAM_")}
@@ -506,6 +540,7 @@ def test_openshift_lets_restricted_v2_choose_the_uid(rendered: dict[str, list[di
         for kind, suffix in (
             ("Deployment", "allocator"),
             ("Deployment", "authcallout"),
+            ("Deployment", "admission"),
             ("StatefulSet", "nats"),
             ("Job", "nats-streams"),
         ):
@@ -582,23 +617,46 @@ CALLS = {
         "read_namespaced_pod": ("", "pods", "get"),
         "list_node": ("", "nodes", "list"),
     },
+    # The admission webhook's: a created pod's claims or claim templates and their classes, its
+    # certificates' Secret, and the caBundle of its webhook configuration.
+    "admission": {
+        "read_namespaced_resource_claim": ("resource.k8s.io", "resourceclaims", "get"),
+        "read_namespaced_resource_claim_template": ("resource.k8s.io", "resourceclaimtemplates", "get"),
+        "read_device_class": ("resource.k8s.io", "deviceclasses", "get"),
+        "read_namespaced_secret": ("", "secrets", "get"),
+        "create_namespaced_secret": ("", "secrets", "create"),
+        "replace_namespaced_secret": ("", "secrets", "update"),
+        "read_mutating_webhook_configuration": (
+            "admissionregistration.k8s.io",
+            "mutatingwebhookconfigurations",
+            "get",
+        ),
+        "patch_mutating_webhook_configuration": (
+            "admissionregistration.k8s.io",
+            "mutatingwebhookconfigurations",
+            "patch",
+        ),
+    },
 }
 # The code each role's pod runs: the callout its package (python -m tangram.authcallout); the
 # node pod the services and every other library module.
 ROLE_CODE = {
     "authcallout": ROOT / "libs" / "tangram" / "authcallout",
     "allocator": ROOT / "services" / "allocator",
+    "admission": ROOT / "libs" / "tangram" / "admission",
 }
 # The workload running under each role's ServiceAccount.
 ROLE_WORKLOAD = {
     "node": ("DaemonSet", "node"),
     "authcallout": ("Deployment", "authcallout"),
     "allocator": ("Deployment", "allocator"),
+    "admission": ("Deployment", "admission"),
 }
-# Code under libs/ that services never run: the tests' control plane, this chart's tooling, and
-# `tangram cluster up` (a local cluster with a kubelet stand-in, run by a person, not deployed).
+# Code under libs/ that services never run: the tests' control plane, this chart's tooling,
+# `tangram cluster up` (a local cluster with a kubelet stand-in, run by a person, not deployed) and
+# the benchmarks (`tangram bench kubernetes` drives its own control plane).
 NOT_SERVICE_CODE = {"controlplane.py", "helm.py"}
-NOT_SERVICE_FOLDERS = {ROOT / "libs" / "tangram" / "cluster"}
+NOT_SERVICE_FOLDERS = {ROOT / "libs" / "tangram" / "cluster", ROOT / "libs" / "tangram" / "bench"}
 _API_CALL = re.compile(r"\.((?:create|read|replace|patch|delete|list|watch)_(?:namespaced_)?[a-z_]+?)\(")
 
 
@@ -638,8 +696,10 @@ def test_the_api_calls_are_found_in_the_code_of_each_role() -> None:
     # the comparison below can fail: each role's code really makes its calls, and no other's
     assert {"create_token_review", "list_node"} <= _api_calls("authcallout")
     assert {"create_resource_slice", "read_node"} <= _api_calls("node")
+    assert {"read_device_class", "patch_mutating_webhook_configuration"} <= _api_calls("admission")
     assert not _api_calls("node") & _api_calls("authcallout")
     assert {"replace_namespaced_resource_claim_status", "patch_namespaced_pod"} <= _api_calls("allocator")
+    assert not _api_calls("authcallout") & _api_calls("admission")
 
 
 @pytest.mark.parametrize("value_set", ALL_SETS)
@@ -648,10 +708,31 @@ def test_rbac_grants_exactly_the_calls_the_code_makes(
 ) -> None:
     objects = rendered[value_set]
     roles = ["node", "allocator", "authcallout"] if value_set in CALLOUT_SETS else ["node", "allocator"]
+    if value_set in WEBHOOK_SETS:
+        roles.append("admission")
     for role in roles:
         assert _api_calls(role) == set(CALLS[role]), role
         cluster_role = _one(objects, "ClusterRole", role)
-        assert _grants(cluster_role) == set(CALLS[role].values()), role
+        # a role's namespaced grants (the admission webhook's Secret) count with its cluster grants
+        namespaced = [
+            o for o in objects if o["kind"] == "Role" and o["metadata"]["name"] == f"tangram-{role}"
+        ]
+        granted_here = _grants(cluster_role) | {g for r in namespaced for g in _grants(r)}
+        assert granted_here == set(CALLS[role].values()), role
+        for r in namespaced:
+            (role_binding,) = [
+                o
+                for o in objects
+                if o["kind"] == "RoleBinding" and o["metadata"]["name"] == f"tangram-{role}"
+            ]
+            assert role_binding["roleRef"] == {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": r["metadata"]["name"],
+            }
+            assert role_binding["subjects"] == [
+                {"kind": "ServiceAccount", "name": f"tangram-{role}", "namespace": "tangram"}
+            ]
         # granted to the ServiceAccount of the pod that runs that code, and to no other
         binding = _one(objects, "ClusterRoleBinding", role)
         assert binding["roleRef"]["name"] == cluster_role["metadata"]["name"]
@@ -733,12 +814,12 @@ def test_the_service_monitor_scrapes_every_metrics_port(rendered: dict[str, list
             # the Service's port reaches a named container port that serves /metrics
             workload = _one(
                 objects,
-                "Deployment" if "allocator" in service["metadata"]["name"] else "DaemonSet",
-                "allocator" if "allocator" in service["metadata"]["name"] else "node",
+                "DaemonSet" if "node" in service["metadata"]["name"] else "Deployment",
+                next(c for c in ("allocator", "admission", "node") if c in service["metadata"]["name"]),
             )
             named = {p["name"] for c in _pod(workload)["containers"] for p in c["ports"]}
             assert port["targetPort"] in named
-    assert ports == set(endpoints) == {"health", "discovery", "partitioner", "cdi"}
+    assert ports == set(endpoints) == {"health", "discovery", "partitioner", "cdi", "admission"}
 
 
 # --- the plain manifests are the chart's render ----------------------------------------------
@@ -748,7 +829,7 @@ def test_committed_manifests_are_a_fresh_render(helm: Path) -> None:
     fresh = chart.render_manifests(binary=helm)
     committed = {
         path.relative_to(ROOT): path.read_text()
-        for folder in ("deploy/kubernetes", "deploy/openshift")
+        for folder in ("deploy/kubernetes", "deploy/openshift", "deploy/admission-policy")
         for path in (ROOT / folder).glob("*.yaml")
     }
     assert set(committed) == set(fresh), "run `make manifests`"
@@ -841,10 +922,23 @@ def _in_namespace(objects: list[dict[str, Any]], namespace: str) -> Iterator[dic
 
 @pytest.mark.controlplane
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("value_set", ALL_SETS)
+@pytest.mark.parametrize("value_set", sorted(set(ALL_SETS) - {"admission-policy"}))
 async def test_the_api_server_accepts_every_object(
     kube: Any, unique: str, helm: Path, value_set: str
 ) -> None:
+    await _accepts_every_object(kube, unique, helm, value_set)
+
+
+@pytest.mark.controlplane
+@pytest.mark.timeout(300)
+async def test_an_api_server_serving_admission_policies_accepts_the_policy_set(
+    kube_admission_policies: Any, unique: str, helm: Path
+) -> None:
+    # MutatingAdmissionPolicy is served on 1.34 only with its feature gate and runtime config
+    await _accepts_every_object(kube_admission_policies, unique, helm, "admission-policy")
+
+
+async def _accepts_every_object(kube: Any, unique: str, helm: Path, value_set: str) -> None:
     namespace = unique[-20:].strip("-")
     body = V1Namespace(metadata=V1ObjectMeta(name=namespace))
     await call(f"create Namespace {namespace}", CoreV1Api(kube).create_namespace(body))
@@ -861,6 +955,12 @@ async def test_the_api_server_accepts_every_object(
             applied.append(obj["kind"])
         assert len(applied) == len([o for o in objects if (o["apiVersion"], o["kind"]) not in CRD_KINDS])
         assert {"DaemonSet", "Deployment", "Job", "ValidatingAdmissionPolicy", "DeviceClass"} <= set(applied)
+        admission = (
+            {"MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"}
+            if value_set == "admission-policy"
+            else {"MutatingWebhookConfiguration"}
+        )
+        assert admission <= set(applied)
     finally:
         await call(f"delete Namespace {namespace}", CoreV1Api(kube).delete_namespace(namespace))
 
@@ -891,7 +991,9 @@ async def test_helm_installs_and_uninstalls_the_chart(
     # cannot run without a kubelet.
     release, namespace = f"r{unique[-6:]}", unique[-20:].strip("-")
     kubeconfig = ["--kubeconfig", str(controlplane.kubeconfig), "--namespace", namespace]
-    settings = ["--set", "deviceClasses.create=false"]
+    # No admission webhook either: nothing would serve it here, and a webhook configuration that
+    # names a Service sends the API server to a cluster IP no kube-proxy routes.
+    settings = ["--set", "deviceClasses.create=false", "--set", "admission.mode=none"]
     try:
         notes = chart.run(
             [
@@ -927,3 +1029,74 @@ async def test_helm_installs_and_uninstalls_the_chart(
             )
     finally:
         await CoreV1Api(kube).delete_namespace(namespace)
+
+
+def test_the_admission_webhook_touches_only_its_own_secret_and_webhook_configuration(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    objects = rendered["default"]
+    role = _one(objects, "Role", "admission")
+    assert role["metadata"]["namespace"] == "tangram"
+    by_verb = {verb: rule.get("resourceNames") for rule in role["rules"] for verb in rule["verbs"]}
+    # Kubernetes cannot bind a create to a name; everything else is bound to the one Secret
+    assert by_verb == {"get": ["tangram-admission-tls"], "update": ["tangram-admission-tls"], "create": None}
+    cluster_role = _one(objects, "ClusterRole", "admission")
+    (webhooks,) = [r for r in cluster_role["rules"] if "mutatingwebhookconfigurations" in r["resources"]]
+    assert webhooks["resourceNames"] == ["tangram-admission"]
+    assert [r for r in cluster_role["rules"] if r is not webhooks] == [
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceclaims", "resourceclaimtemplates", "deviceclasses"],
+            "verbs": ["get"],
+        }
+    ]
+    # the names the code is told to use are the ones the roles grant
+    env = {
+        e["name"]: e.get("value")
+        for e in _containers(_one(objects, "Deployment", "admission"))["admission"]["env"]
+    }
+    assert env["TANGRAM_ADMISSION_SECRET"] == "tangram-admission-tls"
+    assert env["TANGRAM_ADMISSION_WEBHOOK_CONFIGURATION"] == "tangram-admission"
+    assert env["TANGRAM_ADMISSION_SERVICE"] == "tangram-admission"
+    assert env["TANGRAM_ADMISSION_NAMESPACE"] == "tangram"
+
+
+def test_the_webhook_never_blocks_pods_and_sees_only_pods_with_claims(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    config = _one(rendered["default"], "MutatingWebhookConfiguration", "admission")
+    (webhook,) = config["webhooks"]
+    assert webhook["failurePolicy"] == "Ignore" and webhook["sideEffects"] == "None"
+    assert webhook["rules"] == [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE"],
+            "resources": ["pods"],
+            "scope": "Namespaced",
+        }
+    ]
+    assert webhook["clientConfig"] == {
+        "service": {"namespace": "tangram", "name": "tangram-admission", "path": "/mutate", "port": 443}
+    }
+    assert "caBundle" not in webhook["clientConfig"]  # written by the webhook itself
+    assert {c["name"] for c in webhook["matchConditions"]} == {"has-claims", "not-bound", "not-gated"}
+    service = _one(rendered["default"], "Service", "admission")
+    assert service["spec"]["ports"] == [{"name": "https", "port": 443, "targetPort": "https"}]
+    policy = _one(rendered["admission-policy"], "MutatingAdmissionPolicy", "scheduling-gate")
+    assert policy["apiVersion"] == "admissionregistration.k8s.io/v1beta1"
+    assert policy["spec"]["failurePolicy"] == "Ignore"
+    assert policy["spec"]["matchConditions"] == webhook["matchConditions"]
+    binding = _one(rendered["admission-policy"], "MutatingAdmissionPolicyBinding", "scheduling-gate")
+    assert binding["spec"]["matchResources"]["namespaceSelector"] == {
+        "matchLabels": {"gpu.tangram.dev/admission": "enabled"}
+    }
+
+
+def test_admission_none_renders_neither(helm: Path) -> None:
+    objects = _objects(chart.template(settings={"admission.mode": "none"}, binary=helm))
+    assert not [
+        o
+        for o in objects
+        if "admission" in o["metadata"]["name"] or "scheduling-gate" in o["metadata"]["name"]
+    ]

@@ -165,7 +165,17 @@ def test_no_role_is_cluster_admin_like() -> None:
         for rule in document["rules"]:
             for field in ("apiGroups", "resources", "verbs"):
                 assert "*" not in rule[field], f"{name}: wildcard {field}"
-            assert "secrets" not in rule["resources"], f"{name}: reads secrets"
+            if "secrets" in rule["resources"]:
+                # only the admission webhook, for its own certificates, in its own namespace: read
+                # and renew that one Secret by name; create cannot be bound to a name
+                assert document["kind"] == "Role" and document["metadata"]["name"] == "tangram-admission", (
+                    name
+                )
+                assert rule["resources"] == ["secrets"], name
+                assert (rule["verbs"], rule.get("resourceNames")) in (
+                    (["get", "update"], ["tangram-admission-tls"]),
+                    (["create"], None),
+                ), f"{name}: reads secrets"
             assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), name
     for name, document in DOCUMENTS:
         if document["kind"] in ("ClusterRoleBinding", "RoleBinding"):
@@ -224,6 +234,21 @@ def test_no_manifest_carries_a_password() -> None:
     for path in DEPLOY.rglob("*.yaml"):
         text = path.read_text().lower()
         assert "password:" not in text and not re.search(r"nats://[^\s/@]*@", text), path
+
+
+def test_admission_rbac_is_least_privilege() -> None:
+    assert _grants(_by_kind("ClusterRole", "tangram-admission")) == {
+        ("resource.k8s.io", "resourceclaims", "get"),
+        ("resource.k8s.io", "resourceclaimtemplates", "get"),
+        ("resource.k8s.io", "deviceclasses", "get"),
+        ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "get"),
+        ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "patch"),
+    }
+    role = _by_kind("Role", "tangram-admission")
+    assert role["metadata"]["namespace"] == "tangram"
+    assert _grants(role) == {("", "secrets", "get"), ("", "secrets", "update"), ("", "secrets", "create")}
+    spec = _by_kind("Deployment", "tangram-admission")["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == "tangram-admission"
 
 
 def test_authcallout_rbac_is_least_privilege() -> None:

@@ -257,32 +257,37 @@ class FleetState:
             claim_uid=claim_uid, node=held.node, devices=list(held.decision.devices), destroy=destroy
         )
 
-    def release_replayed(self, claim_uid: str) -> None:
-        """Apply a release read from the log: release()'s change of state, without its output.
+    def release_replayed(self, claim_uid: str) -> Release:
+        """Apply a release read from the log: release()'s change of state, and the same destroy plans.
 
-        The destroy plans were derived and published when the release was live, so a rebuild
-        only frees the devices and marks the claim's MIG placements as being destroyed.
+        A rebuild frees the devices and marks the claim's MIG placements as being destroyed. The
+        plans are returned without the instance UUIDs the inventory showed then: the caller names
+        the instance from the claim's own create, should the destroys have to be sent again.
         """
         held = self._held.pop(claim_uid, None)
         if held is None:
-            return
+            return Release(claim_uid=claim_uid)
         self._held_on[held.node].discard(claim_uid)
         node = self._nodes.get(held.node)
-        if node is None:
-            return
-        index = node.shape.index_by_name
-        node.give_back(index[n] for n in held.devices if n in index)
-        for device in held.decision.devices:
-            if (
-                device.admin_access
-                or device.placement is None
-                or device.profile is None
-                or device.profile_id is None
-                or device.device not in index
-            ):
-                continue
-            node.mark_destroying(device.gpu_index, device.profile_id, device.placement.start)
-        self._unindexed.add(node.name)
+        destroy: list[PartitionPlan] = []
+        if node is not None:
+            index = node.shape.index_by_name
+            node.give_back(index[n] for n in held.devices if n in index)
+            for device in held.decision.devices:
+                if (
+                    device.admin_access
+                    or device.placement is None
+                    or device.profile is None
+                    or device.profile_id is None
+                    or device.device not in index
+                ):
+                    continue
+                node.mark_destroying(device.gpu_index, device.profile_id, device.placement.start)
+                destroy.append(_mig_plan(device))
+            self._unindexed.add(node.name)
+        return Release(
+            claim_uid=claim_uid, node=held.node, devices=list(held.decision.devices), destroy=destroy
+        )
 
     def destroy_done(self, node_name: str, gpu_uuid: str, start: int, mig_uuid: str) -> None:
         """The node destroyed the instance at `start` (`mig_uuid`, empty when none was there)."""

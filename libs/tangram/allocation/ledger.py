@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from tangram.allocation.fleet import FleetState
-from tangram.allocation.model import Allocated, Claim, PartitionPlan, Policy
+from tangram.allocation.model import Allocated, Claim, PartitionPlan, Policy, Release
 from tangram.allocation.spec import DeviceClass
 from tangram.events import (
     CLAIMS_STREAM,
@@ -59,6 +59,11 @@ class Ledger:
     # uid -> the attempt of its last decided request: a failed claim is decided again only when
     # asked with a later attempt (after capacity was released), never on a redelivery.
     attempts: dict[str, int] = field(default_factory=dict)
+    # Destroy commands of released claims that no result has answered yet: uid -> command id ->
+    # command. A release the allocator folded at a rebuild may be one its previous process read but
+    # died before acting on; the consumer delivers it again, and the destroys go out then.
+    unanswered_destroys: dict[str, dict[str, PartitionRequested]] = field(default_factory=dict)
+    _destroy_claims: dict[str, str] = field(default_factory=dict)  # destroy command id -> claim uid
 
     def folded(self, stream: str, sequence: int) -> None:
         """The event about to be folded is at `sequence` of `stream` (decisions record it, for replay).
@@ -122,12 +127,14 @@ class Ledger:
                 else:
                     self.fleet.release_replayed(uid)
             case ClaimReleased(uid=uid):
-                if uid not in self.released:
-                    self.released.add(uid)
-                    if not live:
-                        self.fleet.release_replayed(uid)
-                        return []
-                    return self._release(uid)
+                if uid in self.released:
+                    # Sent again, not decided again: the partitioner runs each command once.
+                    return list(self.unanswered_destroys.get(uid, {}).values()) if live else []
+                self.released.add(uid)
+                if not live:
+                    self._expect_destroys(uid, self.fleet.release_replayed(uid))
+                    return []
+                return self._release(uid)
             case PartitionFailed(action="create" | "disable-mig", command_id=command_id):
                 # Only a result of a command this allocator sent to that node counts: a command
                 # sent before a crash and decided differently after it names no one.
@@ -136,8 +143,10 @@ class Ledger:
                     if self.decided.get(uid) == "allocated" and uid not in self.released:
                         return self._fail_after_partition(uid, event)
             case PartitionFailed(action="destroy", node=node, gpu_uuid=gpu_uuid, placement=placement):
+                self._destroy_answered(event.command_id)
                 self.fleet.destroy_refused(node, gpu_uuid, placement.start)
             case PartitionApplied(action="destroy", node=node, gpu_uuid=gpu_uuid, placement=placement):
+                self._destroy_answered(event.command_id)
                 self.fleet.destroy_done(node, gpu_uuid, placement.start, event.mig_uuid)
             case PartitionApplied(action="create", command_id=command_id, mig_uuid=mig_uuid):
                 if self._answers(event):
@@ -399,11 +408,30 @@ class Ledger:
         )
 
     def _release(self, uid: str) -> list[Event]:
-        release = self.fleet.release(uid)
-        if release.node is None:
+        return list(self._expect_destroys(uid, self.fleet.release(uid)))
+
+    def _expect_destroys(self, uid: str, release: Release) -> list[PartitionRequested]:
+        """The release's destroy commands, remembered until a result answers each."""
+        if release.node is None or not release.destroy:
             return []
-        node = release.node
-        return [self._command(uid, node, self._instance_of(uid, plan), "destroy") for plan in release.destroy]
+        commands = [
+            self._command(uid, release.node, self._instance_of(uid, plan), "destroy")
+            for plan in release.destroy
+        ]
+        pending = self.unanswered_destroys.setdefault(uid, {})
+        for command in commands:
+            pending[command.command_id] = command
+            self._destroy_claims[command.command_id] = uid
+        return commands
+
+    def _destroy_answered(self, command_id: str) -> None:
+        uid = self._destroy_claims.pop(command_id, None)
+        if uid is None:
+            return
+        pending = self.unanswered_destroys.get(uid, {})
+        pending.pop(command_id, None)
+        if not pending:
+            self.unanswered_destroys.pop(uid, None)
 
     def _instance_of(self, uid: str, plan: PartitionPlan) -> PartitionPlan:
         """Name the instance the claim's own create produced, never one seen at that placement before.

@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=50, help="calls in flight at once")
 
 
-def _percentiles(samples_ms: Sequence[float]) -> dict[str, float]:
+def percentiles(samples_ms: Sequence[float]) -> dict[str, float]:
     ordered = sorted(samples_ms)
     p99_index = min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))
     return {"p50_ms": round(statistics.median(ordered), 3), "p99_ms": round(ordered[p99_index], 3)}
@@ -150,10 +150,10 @@ async def _bench(claims: int, concurrency: int) -> dict[str, Any]:
             "benchmark": "prepare",
             "claims": claims,
             "concurrency": concurrency,
-            "prepare_grpc": _percentiles(prepare_rpc),
-            "unprepare_grpc": _percentiles(unprepare_rpc),
-            "prepare_direct": _percentiles(prepare_direct),
-            "unprepare_direct": _percentiles(unprepare_direct),
+            "prepare_grpc": percentiles(prepare_rpc),
+            "unprepare_grpc": percentiles(unprepare_rpc),
+            "prepare_direct": percentiles(prepare_direct),
+            "unprepare_direct": percentiles(unprepare_direct),
         }
         for phase in ("prepare", "unprepare"):
             rpc, direct = result[f"{phase}_grpc"]["p50_ms"], result[f"{phase}_direct"]["p50_ms"]

@@ -36,7 +36,7 @@ from tangram.bench.traces import (
     saturating_trace,
     shipped_classes,
 )
-from tangram.cli.allocate import _renamed
+from tangram.cli.allocate import renamed_machine
 from tangram.dra import partitionable, whole_gpu_advertised
 from tangram.events.inventory import NodeHardware
 
@@ -214,7 +214,7 @@ def shuffled_names(nodes: list[NodeHardware], seed: int) -> list[NodeHardware]:
     """The same fleet under random names, so that name order says nothing about the hardware."""
     rng = random.Random(seed * 104729 + 7)  # noqa: S311 - reproducible names, not a secret
     names = [f"node-{rng.getrandbits(32):08x}" for _ in nodes]
-    return [_renamed(hw, name) for hw, name in zip(nodes, names, strict=True)]
+    return [renamed_machine(hw, name) for hw, name in zip(nodes, names, strict=True)]
 
 
 def replay(

@@ -16,7 +16,7 @@ import msgspec
 
 from tangram import DRIVER_NAME
 from tangram.allocation import DeviceClass
-from tangram.cli.allocate import _renamed
+from tangram.cli.allocate import renamed_machine
 from tangram.events.inventory import GpuInfo, NodeHardware
 
 GPU_CLASS = "gpu.tangram.dev"
@@ -234,7 +234,7 @@ def build_fleet(machines: list[tuple[str, int]], *, keep_instances: bool = False
     nodes: list[NodeHardware] = []
     for machine, count in machines:
         template = machine_hardware(machine, keep_instances=keep_instances)
-        nodes.extend(_renamed(template, f"{machine}-{n}") for n in range(count))
+        nodes.extend(renamed_machine(template, f"{machine}-{n}") for n in range(count))
     return nodes
 
 

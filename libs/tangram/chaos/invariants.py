@@ -165,11 +165,14 @@ def leaked_instances(
     before: Mapping[str, set[str]],
     node_log: Iterable[Event],
     live: Mapping[str, ClaimAllocated],
+    *,
     warm: Mapping[str, set[str]],
+    reused: Mapping[str, set[str]],
 ) -> tuple[list[str], list[str]]:
     """(instances no live claim or warm pool accounts for, live claims' instances that are gone).
 
-    `present`/`before`/`warm`: MIG device UUIDs per node now, before the run, kept warm.
+    `present`/`before`/`warm`: MIG device UUIDs per node now, before the run, kept warm;
+    `reused`: per node, the instances live claims were given without a create (found in place).
     """
     made_for: dict[str, tuple[str, str]] = {}  # create command id -> (node, MIG UUID)
     for event in node_log:
@@ -193,6 +196,7 @@ def leaked_instances(
         if mig_uuid not in before.get(node, set())
         and mig_uuid not in owned[node]
         and mig_uuid not in warm.get(node, set())
+        and mig_uuid not in reused.get(node, set())
     ]
     return leaked, missing
 

@@ -20,6 +20,7 @@ import time
 import urllib.request
 import uuid
 from collections import Counter, deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +31,13 @@ from nats.aio.msg import Msg
 
 from tangram.allocation import DeviceClass, FleetState
 from tangram.allocation.ledger import Ledger
-from tangram.bus import Bus, BusConfig, allocator_log_sources
+from tangram.bus import (
+    Bus,
+    BusConfig,
+    allocator_consumer,
+    allocator_log_sources,
+    allocator_results_consumer,
+)
 from tangram.chaos.faults import FAULT_KINDS, FaultKind, fault_order
 from tangram.chaos.invariants import (
     claim_stories,
@@ -64,7 +71,8 @@ from tangram.events import (
 )
 from tangram.k8s.deviceclasses import load_shipped_device_classes
 from tangram.kubelet.client import ClaimHandle, KubeletClient
-from tangram.nvml import SimNvml
+from tangram.nvml import SimNvml, parse_mig_minors, render_mig_minors
+from tangram.partitioning import MigExecutor
 
 DEFAULT_NODES = (SimNode("node-a", "hgx-h200"), SimNode("node-b", "dgx-h100"))
 SERVICE_RETRY_S = 0.25
@@ -433,8 +441,9 @@ class ChaosRun:
         problems["slice_held_twice"] = overlapping_allocations(log)
         problems["partition_unanswered"] = unanswered_commands(node_log, refused)
         present = {node.name: self._mig_uuids(node) for node in self.config.nodes}
+        live = live_claims(stories)
         leaked, missing = leaked_instances(
-            present, self._instances_before, node_log, live_claims(stories), {}
+            present, self._instances_before, node_log, live, warm={}, reused=self._reused_instances(live)
         )
         problems["instance_leaked"] = leaked
         problems["live_instance_missing"] = missing
@@ -475,9 +484,23 @@ class ChaosRun:
                 return letters
             await asyncio.sleep(0.5)
 
-    async def _settled_node_log(self, refused: set[str], timeout_s: float = 180.0) -> list[Event]:
-        """The node log once every partition command has its result (or the time is up)."""
+    async def _allocator_drained(self, timeout_s: float) -> None:
+        """Until the allocator has acknowledged every claim event and partition result (or the time
+        is up): a release it must act on may still wait for redelivery to a restarted allocator."""
         deadline = time.monotonic() + timeout_s
+        specs = (allocator_consumer(), allocator_results_consumer())
+        while time.monotonic() < deadline:
+            with contextlib.suppress(nats.errors.Error, nats.js.errors.Error, TimeoutError):
+                infos = [await self.bus.jetstream.consumer_info(spec.stream, spec.durable) for spec in specs]
+                if all(info.num_pending == 0 and info.num_ack_pending == 0 for info in infos):
+                    return
+            await asyncio.sleep(0.5)
+
+    async def _settled_node_log(self, refused: set[str], timeout_s: float = 180.0) -> list[Event]:
+        """The node log once the allocator has acted on everything and every partition command has
+        its result (or the time is up)."""
+        deadline = time.monotonic() + timeout_s
+        await self._allocator_drained(timeout_s)
         while True:
             node_log = [event async for _, event in self.bus.replay(NODES_STREAM)]
             if not unanswered_commands(node_log, refused) or time.monotonic() > deadline:
@@ -538,6 +561,27 @@ class ChaosRun:
             for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(device)):
                 with contextlib.suppress(Exception):
                     found.add(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetMigDeviceHandleByIndex(device, slot)))
+        return found
+
+    def _reused_instances(self, live: Mapping[str, ClaimAllocated]) -> dict[str, set[str]]:
+        """Per node, the instances live claims hold that no create of theirs made: each device
+        given without a partition command sits on the instance found at its placement."""
+        found: dict[str, set[str]] = {}
+        for allocation in live.values():
+            slots = {
+                (device.gpu_index, device.placement.start)
+                for device in allocation.devices
+                if device.placement is not None and not device.partition_command
+            }
+            if not slots:
+                continue
+            executor = MigExecutor(self._sim(allocation.node), minors=parse_mig_minors(render_mig_minors()))
+            for gpu_index, start in slots:
+                found.setdefault(allocation.node, set()).update(
+                    instance.mig_uuid
+                    for instance in executor.observe(gpu_index)
+                    if instance.placement.start == start and instance.mig_uuid
+                )
         return found
 
     def _cdi_uids(self, node: str) -> set[str]:

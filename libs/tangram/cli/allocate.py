@@ -78,11 +78,11 @@ def load_fleet(path: Path) -> list[NodeHardware]:
             if name in seen:
                 raise InputError(f"{where}: node name {name!r} appears twice")
             seen.add(name)
-            nodes.append(_renamed(machines[machine], name))
+            nodes.append(renamed_machine(machines[machine], name))
     return nodes
 
 
-def _renamed(template: NodeHardware, node: str) -> NodeHardware:
+def renamed_machine(template: NodeHardware, node: str) -> NodeHardware:
     """The same machine under another name: GPU UUIDs are made unique per node, as on real hardware."""
     import msgspec  # noqa: PLC0415
 

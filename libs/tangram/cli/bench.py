@@ -13,6 +13,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "allocator": ("tangram.bench.allocator", "allocator decisions/s and latency at fleet scale vs first-fit"),
     "quality": ("tangram.bench.quality", "placement quality vs first-fit, best-fit and an ILP optimum"),
     "prepare": ("tangram.bench.prepare", "kubelet NodePrepareResources latency with concurrent claims"),
+    "kubernetes": (
+        "tangram.bench.kubernetes",
+        "pods with claims in a real control plane: kube-scheduler alone, and Tangram deciding",
+    ),
     "rebuild": ("tangram.bench.rebuild", "allocator cold restart: state rebuilt from the JetStream log"),
 }
 

@@ -74,6 +74,8 @@ class LocalCluster:
     # Allocators started ("allocator", "allocator-2", ...): one leads, the others stand by.
     allocators: int = 1
     crashed: set[str] = field(default_factory=set)  # services killed by crash() and not restarted
+    # Extra arguments for the allocator process (e.g. its Kubernetes mode).
+    allocator_args: tuple[str, ...] = ()
 
     def kubelet_root(self, node: str) -> Path:
         return self.workdir / node / "kubelet"
@@ -150,7 +152,7 @@ class LocalCluster:
         )
         for index in range(self.allocators):
             name = "allocator" if index == 0 else f"allocator-{index + 1}"
-            self._spawn(name, ["services.allocator", *deciding], {}, ALLOCATOR_USER)
+            self._spawn(name, ["services.allocator", *deciding, *self.allocator_args], {}, ALLOCATOR_USER)
         for node in self.nodes:
             (self.workdir / node.name).mkdir(parents=True, exist_ok=True)
             # A simulated node has no driver install; lay one out so its CDI specs are complete.

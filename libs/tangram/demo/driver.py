@@ -348,8 +348,8 @@ async def drive(
         "mig_destroy_refused": len(tracker.destroy_done) - tracker.mig_destroyed,
         "mig_destroy_pending": driver.unsettled(),
         "churn": churned,
-        "claim_to_ready_ms": _percentiles(ready),
-        "partition_command_to_applied_ms": _percentiles(commands),
+        "claim_to_ready_ms": percentiles(ready),
+        "partition_command_to_applied_ms": percentiles(commands),
         "events": dict(sorted(tracker.counts.items())),
         "failure_reasons": driver.reasons,
         "startup_s": round(first_claim - started, 2),
@@ -358,7 +358,7 @@ async def drive(
     }
 
 
-def _percentiles(ordered: list[float]) -> dict[str, float | None]:
+def percentiles(ordered: list[float]) -> dict[str, float | None]:
     if not ordered:
         return {"p50": None, "p99": None}
     return {

@@ -4,19 +4,12 @@ The allocator reads claims, DeviceClasses and pods as the API server serves them
 them into events; its decisions come back as `status.allocation` and as the removal of the
 scheduling gate from the pods waiting for them.
 
-Tangram's DeviceClass: one of whose CEL selectors has, as a top-level conjunct (an operand of the
-outermost `&&` chain, outside parentheses), the comparison `device.driver == "gpu.tangram.dev"`
-(either side). Such a class can only ever select Tangram's devices. A class that merely may
-select them (`device.driver in [...]`, a `||`, no selector) is not Tangram's.
-
-Tangram's claim: every request names a class (its `exactly` class, and the class of every
-`firstAvailable` subrequest), and every class named is Tangram's. A claim that names a class of
-another driver, or a class the cluster does not have, is left to kube-scheduler.
+Which classes and claims are Tangram's is the rule of `tangram.k8s.classes` (shared with
+admission); a claim naming a class the cluster does not have is left to kube-scheduler.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -25,112 +18,25 @@ from tangram import DRIVER_NAME
 from tangram.allocation.model import Allocated
 from tangram.events import ClaimAllocated, ClaimReleased, ClaimRequested
 from tangram.events.ids import derived_id
-from tangram.k8s.names import SCHEDULING_GATE
+from tangram.k8s.classes import is_tangram_claim, is_tangram_class, requested_class_names
+from tangram.k8s.gates import holds_gate, remove_gate_patch
 
 ClaimKind = Literal["tangram", "foreign", "allocated", "deleting"]
 
-_DRIVER_IS = re.compile(r'^device\.driver\s*==\s*(?P<a>"[^"]*"|\'[^\']*\')$')
-_IS_DRIVER = re.compile(r'^(?P<a>"[^"]*"|\'[^\']*\')\s*==\s*device\.driver$')
-
-
-def _conjuncts(expression: str) -> list[str]:
-    """The operands of the outermost `&&` chain: split outside parentheses, brackets and strings."""
-    parts: list[str] = []
-    depth = 0
-    quote = ""
-    start = 0
-    i = 0
-    while i < len(expression):
-        ch = expression[i]
-        if quote:
-            if ch == "\\":
-                i += 2
-                continue
-            if ch == quote:
-                quote = ""
-        elif ch in "\"'":
-            quote = ch
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif ch == "&" and depth == 0 and expression.startswith("&&", i):
-            parts.append(expression[start:i])
-            start = i + 2
-            i += 2
-            continue
-        elif ch == "|" and depth == 0 and expression.startswith("||", i):
-            return [expression]  # a top-level `||`: no conjunct holds on its own
-        i += 1
-    parts.append(expression[start:])
-    return [p.strip() for p in parts]
-
-
-def _unwrapped(part: str) -> str:
-    """`part` without parentheses that enclose all of it."""
-    while part.startswith("(") and part.endswith(")"):
-        depth = 0
-        for i, ch in enumerate(part):
-            depth += ch == "("
-            depth -= ch == ")"
-            if depth == 0 and i < len(part) - 1:
-                return part  # the first parenthesis closes before the end: not one group
-        part = part[1:-1].strip()
-    return part
-
-
-def selector_driver(expression: str) -> str | None:
-    """The driver a CEL selector requires by a top-level conjunct `device.driver == "..."`."""
-    for part in _conjuncts(expression):
-        bare = _unwrapped(part)
-        found = _DRIVER_IS.match(bare) or _IS_DRIVER.match(bare)
-        if found:
-            return found.group("a")[1:-1]
-    return None
-
-
-def class_driver(manifest: Mapping[str, Any]) -> str | None:
-    """The driver a DeviceClass manifest is bound to (see the module's rule), None when none."""
-    spec = manifest.get("spec") or {}
-    for selector in spec.get("selectors") or [] if isinstance(spec, dict) else []:
-        expression = (
-            ((selector or {}).get("cel") or {}).get("expression") if isinstance(selector, dict) else None
-        )
-        if isinstance(expression, str):
-            driver = selector_driver(expression)
-            if driver is not None:
-                return driver
-    return None
-
 
 def class_names(claim: Mapping[str, Any]) -> list[str] | None:
-    """Every class the claim's requests name, in order; None when a request names none."""
-    spec = claim.get("spec") or {}
-    requests = ((spec.get("devices") or {}).get("requests") or []) if isinstance(spec, dict) else []
-    names: list[str] = []
-    for request in requests:
-        if not isinstance(request, dict):
-            return None
-        selections = (
-            [request["exactly"]] if request.get("exactly") else list(request.get("firstAvailable") or [])
-        )
-        if not selections:
-            return None
-        for selection in selections:
-            name = selection.get("deviceClassName") if isinstance(selection, dict) else None
-            if not isinstance(name, str) or not name:
-                return None
-            if name not in names:
-                names.append(name)
-    return names or None
+    """Every class the claim's requests name, once each, in order; None when a request names none."""
+    names = requested_class_names(claim.get("spec") or {})
+    return list(dict.fromkeys(names)) if names else None
 
 
 def is_tangrams(
     claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]], driver: str = DRIVER_NAME
 ) -> bool:
     """Every request names a class the cluster has, and every such class is the driver's."""
-    names = class_names(claim)
-    return names is not None and all(n in classes and class_driver(classes[n]) == driver for n in names)
+    return is_tangram_claim(
+        claim.get("spec") or {}, lambda name: name in classes and is_tangram_class(classes[name], driver)
+    )
 
 
 def _metadata(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -297,10 +203,7 @@ def same_allocation(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 
 
 def gated(pod: Mapping[str, Any]) -> bool:
-    spec = pod.get("spec") or {}
-    return any(
-        isinstance(g, dict) and g.get("name") == SCHEDULING_GATE for g in spec.get("schedulingGates") or []
-    )
+    return holds_gate(pod)
 
 
 def pod_claims(pod: Mapping[str, Any]) -> list[str] | None:
@@ -358,18 +261,10 @@ def may_ungate(
 
 
 def ungate_patch(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """A JSON patch removing Tangram's gate, valid only against the pod as read (resourceVersion)."""
-    gates = [
-        g for g in (pod.get("spec") or {}).get("schedulingGates") or [] if g.get("name") != SCHEDULING_GATE
-    ]
-    patch: list[dict[str, Any]] = [
-        {"op": "test", "path": "/metadata/resourceVersion", "value": _metadata(pod).get("resourceVersion")}
-    ]
-    if gates:
-        patch.append({"op": "replace", "path": "/spec/schedulingGates", "value": gates})
-    else:
-        patch.append({"op": "remove", "path": "/spec/schedulingGates"})
-    return patch
+    """A JSON patch lifting Tangram's gate (every other gate kept), valid only against the pod as
+    read: its resourceVersion is tested first."""
+    test = {"op": "test", "path": "/metadata/resourceVersion", "value": _metadata(pod).get("resourceVersion")}
+    return [test, *(remove_gate_patch(pod) or [])]
 
 
 # --- events -----------------------------------------------------------------------------------

@@ -50,6 +50,9 @@ MANIFEST_SETTINGS: Mapping[str, str] = {"namespace.create": "true"}
 PLAIN_LEFT_OUT = ("templates/deviceclasses.yaml",)
 # deploy/openshift/node-scc.yaml: what the OpenShift switch adds to the plain manifests.
 OPENSHIFT_TEMPLATES = ("templates/openshift-scc.yaml",)
+# deploy/admission-policy/: the MutatingAdmissionPolicy that replaces the admission webhook where
+# the cluster serves one (apply it, then delete the webhook's objects; deploy/README.md).
+POLICY_TEMPLATES = ("templates/admission-policy.yaml",)
 _SOURCE = re.compile(r"^# Source: [^/]+/(templates/[^\n]+)$", re.MULTILINE)
 _HEADER = "# Rendered from deploy/helm/tangram by `make manifests` ({what}); edit the chart, not this file.\n"
 
@@ -193,7 +196,7 @@ def split_by_template(rendered: str) -> dict[str, str]:
 
 
 def render_manifests(*, binary: Path | None = None) -> dict[Path, str]:
-    """What deploy/kubernetes/ and deploy/openshift/ hold: relative path -> text."""
+    """What deploy/kubernetes/, deploy/openshift/ and deploy/admission-policy/ hold: relative path -> text."""
     out: dict[Path, str] = {}
     plain = split_by_template(template(settings=MANIFEST_SETTINGS, binary=binary))
     for name, text in plain.items():
@@ -210,6 +213,17 @@ def render_manifests(*, binary: Path | None = None) -> dict[Path, str]:
     )
     (text,) = openshift.values()
     out[Path("deploy/openshift/node-scc.yaml")] = _HEADER.format(what="openshift.enabled=true") + text
+    policy = split_by_template(
+        template(
+            settings={**MANIFEST_SETTINGS, "admission.mode": "policy"},
+            show_only=POLICY_TEMPLATES,
+            binary=binary,
+        )
+    )
+    (text,) = policy.values()
+    out[Path("deploy/admission-policy/scheduling-gate.yaml")] = (
+        _HEADER.format(what="admission.mode=policy") + text
+    )
     # `kubectl apply -k deploy/kubernetes` (or deploy/openshift): the same files as kustomizations
     plain_files = sorted(path.name for path in out if path.parent == Path("deploy/kubernetes"))
     out[Path("deploy/kubernetes/kustomization.yaml")] = _kustomization([*plain_files, "../deviceclasses"])
@@ -232,7 +246,7 @@ def write_manifests(root: Path | None = None) -> list[Path]:
     """Replace the rendered files under deploy/kubernetes/ and deploy/openshift/ with a fresh render."""
     root = root or repository_root()
     rendered = render_manifests()
-    for folder in ("deploy/kubernetes", "deploy/openshift"):
+    for folder in ("deploy/kubernetes", "deploy/openshift", "deploy/admission-policy"):
         for stale in (root / folder).glob("*.yaml"):
             if Path(folder) / stale.name not in rendered:
                 stale.unlink()

@@ -92,3 +92,16 @@ nats://{{ include "tangram.fullname" . }}-nats.{{ include "tangram.namespace" . 
     name: {{ .Values.nats.tls.caConfigMap }}
     items: [{key: {{ .Values.nats.tls.caKey }}, path: {{ .Values.nats.tls.caKey }}}]
 {{- end -}}
+
+{{/* Which pods the scheduling gate is for (webhook and policy alike): pods with claims, not bound
+to a node (the API server refuses gates on those), not gated already. */}}
+{{- define "tangram.admissionConditions" -}}
+- name: has-claims
+  expression: has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0
+- name: not-bound
+  expression: "!has(object.spec.nodeName) || object.spec.nodeName == ''"
+- name: not-gated
+  expression: >-
+    !has(object.spec.schedulingGates) ||
+    !object.spec.schedulingGates.exists(g, g.name == "gpu.tangram.dev/allocation")
+{{- end -}}

@@ -1,0 +1,64 @@
+"""python -m tangram.admission's settings: flags, TANGRAM_ADMISSION_* defaults, refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tangram.admission import __main__ as admission
+
+
+def test_defaults_name_the_service_in_its_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TANGRAM_ADMISSION_NAMESPACE", "gpu-system")
+    settings = admission.parse_args([])
+    assert (settings.port, settings.secret, settings.webhook_configuration) == (
+        8443,
+        "tangram-admission-tls",
+        "tangram-admission",
+    )
+    assert settings.hosts() == (
+        "tangram-admission.gpu-system.svc",
+        "tangram-admission",
+        "tangram-admission.gpu-system",
+        "tangram-admission.gpu-system.svc.cluster.local",
+    )
+
+
+def test_the_environment_and_flags_set_everything(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TANGRAM_ADMISSION_NAMESPACE", "x")
+    monkeypatch.setenv("TANGRAM_ADMISSION_CERT_HOSTS", "a.example,127.0.0.1")
+    monkeypatch.setenv("TANGRAM_ADMISSION_PORT", "9443")
+    monkeypatch.setenv("TANGRAM_ADMISSION_CHECK_INTERVAL_S", "60")
+    settings = admission.parse_args(["--webhook-configuration", "", f"--work-dir={tmp_path}"])
+    assert settings.hosts() == ("a.example", "127.0.0.1")
+    assert (settings.port, settings.check_interval_s, settings.webhook_configuration) == (9443, 60.0, None)
+    assert admission.parse_args(["--cert-host", "b.example"]).hosts() == ("b.example",)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--cert-host", "a b"],
+        ["--cert-host", "*.example"],
+        ["--port", "70000"],
+        ["--max-body-bytes", "10"],
+        ["--log-level", "loud"],
+        ["--lookup-timeout", "0"],
+    ],
+)
+def test_bad_settings_are_refused_with_a_message(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    monkeypatch.setenv("TANGRAM_ADMISSION_NAMESPACE", "x")
+    with pytest.raises(SystemExit) as exited:
+        admission.parse_args(argv)
+    assert exited.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_outside_a_pod_the_namespace_is_required(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("TANGRAM_ADMISSION_NAMESPACE", raising=False)
+    monkeypatch.setattr(admission, "SERVICE_ACCOUNT_NAMESPACE", tmp_path / "absent")
+    with pytest.raises(SystemExit):
+        admission.parse_args([])

@@ -1,0 +1,511 @@
+"""Pods that use Tangram's claims are gated at admission, against the real control plane.
+
+The webhook: the real `python -m tangram.admission` process, with the chart's RBAC (as its own
+ServiceAccount's token), makes its CA and serving certificate, stores them in its Secret, patches
+the caBundle of the chart's MutatingWebhookConfiguration (pointed at loopback and at this test's
+namespace only), and the API server calls it over TLS for every pod created. The policy: the
+chart's MutatingAdmissionPolicy on a control plane that serves it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import os
+import signal
+import ssl
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from kubernetes_asyncio.client import AdmissionregistrationV1Api, CoreV1Api, ResourceV1Api
+
+from tangram.admission.certs import renew
+from tangram.admission.keeper import material_of, secret_data
+from tangram.cluster.up import install_device_classes
+from tangram.k8s.names import SCHEDULING_GATE
+from tangram.kube import KubeApiError, call
+from tangram.kube import helm as chart
+from tangram.kube.controlplane import ControlPlane, free_ports
+from tests.deploy.test_helm_chart import _request, _resources
+from tests.e2e.test_kubernetes import until
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.controlplane]
+
+WAIT_S = 120.0
+MIG_CLASS = "mig.gpu.tangram.dev"
+
+
+def objects(settings: dict[str, str], namespace: str) -> list[dict[str, Any]]:
+    rendered = chart.template(settings=settings, namespace=namespace, binary=chart.find_binary())
+    return [d for d in yaml.safe_load_all(rendered) if d]
+
+
+def one(found: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in found if o["kind"] == kind and "admission" in o["metadata"]["name"]]
+
+
+async def apply(kube: Any, obj: dict[str, Any]) -> dict[str, Any]:
+    """Server-side apply of `obj` as it is (created when missing)."""
+    resource = (await _resources(kube, obj["apiVersion"]))[obj["kind"]]
+    base = "/api/v1" if obj["apiVersion"] == "v1" else f"/apis/{obj['apiVersion']}"
+    namespace = f"/namespaces/{obj['metadata']['namespace']}" if resource["namespaced"] else ""
+    return await _request(
+        kube,
+        "PATCH",
+        f"{base}{namespace}/{resource['name']}/{obj['metadata']['name']}",
+        query_params=[("fieldManager", "tangram-admission-test"), ("fieldValidation", "Strict")],
+        header_params={"Content-Type": "application/apply-patch+yaml", "Accept": "application/json"},
+        body=obj,
+    )
+
+
+async def delete(kube: Any, obj: dict[str, Any]) -> None:
+    resource = (await _resources(kube, obj["apiVersion"]))[obj["kind"]]
+    base = "/api/v1" if obj["apiVersion"] == "v1" else f"/apis/{obj['apiVersion']}"
+    namespace = f"/namespaces/{obj['metadata']['namespace']}" if resource["namespaced"] else ""
+    with contextlib.suppress(AssertionError):
+        await _request(kube, "DELETE", f"{base}{namespace}/{resource['name']}/{obj['metadata']['name']}")
+
+
+def device_class(name: str, expression: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": expression}}]},
+    }
+
+
+def template(name: str, namespace: str, *classes: str) -> dict[str, Any]:
+    requests = [{"name": f"r{i}", "exactly": {"deviceClassName": c}} for i, c in enumerate(classes)]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"spec": {"devices": {"requests": requests}}},
+    }
+
+
+def pod(
+    name: str,
+    *,
+    templates: tuple[str, ...] = (),
+    claims: tuple[str, ...] = (),
+    gates: tuple[str, ...] = (),
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "containers": [
+            {
+                "name": "main",
+                "image": "registry.k8s.io/pause:3.10",
+                "resources": {"claims": [{"name": f"c{i}"} for i in range(len(templates))]},
+            }
+        ]
+    }
+    if templates:
+        spec["resourceClaims"] = [
+            {"name": f"c{i}", "resourceClaimTemplateName": t} for i, t in enumerate(templates)
+        ]
+    if claims:  # a claim made beforehand, shared or not, by name
+        spec["resourceClaims"] = [{"name": f"c{i}", "resourceClaimName": c} for i, c in enumerate(claims)]
+        spec["containers"][0]["resources"]["claims"] = [{"name": f"c{i}"} for i in range(len(claims))]
+    if gates:
+        spec["schedulingGates"] = [{"name": g} for g in gates]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": spec,
+    }
+
+
+async def gates_of(kube: Any, namespace: str, body: dict[str, Any], *, dry_run: bool = False) -> list[str]:
+    """The scheduling gates of the pod as the API server stores it (dry run: would store it)."""
+    core = CoreV1Api(kube)
+    kwargs = {"dry_run": "All"} if dry_run else {}
+    created = await call(
+        f"create Pod {body['metadata']['name']}", core.create_namespaced_pod(namespace, body, **kwargs)
+    )
+    return [g.name for g in created.spec.scheduling_gates or []]
+
+
+@dataclass
+class Webhook:
+    process: subprocess.Popen[bytes]
+    health: str
+    log: Path
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.kill(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        return self.process.returncode
+
+
+async def ready(webhook: Webhook) -> bool:
+    if webhook.process.poll() is not None:
+        raise AssertionError(f"the webhook exited {webhook.process.returncode}:\n{webhook.log.read_text()}")
+    try:
+        async with aiohttp.ClientSession() as session, session.get(f"{webhook.health}/readyz") as response:
+            return response.status == 200
+    except aiohttp.ClientError:
+        return False
+
+
+def write_yaml(path: Path, obj: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(obj))
+    return path
+
+
+async def service_account_kubeconfig(
+    controlplane: ControlPlane, kube: Any, namespace: str, account: str, path: Path
+) -> Path:
+    """A kubeconfig that authenticates as `namespace/account` with a fresh bound token."""
+    request = {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 3600},
+    }
+    token = await call(
+        "request a service-account token",
+        CoreV1Api(kube).create_namespaced_service_account_token(account, namespace, request),
+    )
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "test",
+                "cluster": {
+                    "server": controlplane.server,
+                    "certificate-authority": str(controlplane.endpoints.ca_file),
+                },
+            }
+        ],
+        "users": [{"name": account, "user": {"token": token.status.token}}],
+        "contexts": [
+            {"name": "test", "context": {"cluster": "test", "user": account, "namespace": namespace}}
+        ],
+        "current-context": "test",
+    }
+    return write_yaml(path, config)
+
+
+@dataclass
+class Served:
+    namespace: str
+    configuration: str
+    webhook: Webhook
+    port: int
+    start: Callable[[], Webhook]  # another process of the webhook with the same settings
+
+
+@pytest.fixture
+async def served(controlplane: ControlPlane, kube: Any, unique: str, tmp_path: Path) -> AsyncIterator[Served]:
+    """The chart's webhook objects for this test's namespace, served by the real process."""
+    namespace = unique
+    await call("create namespace", CoreV1Api(kube).create_namespace({"metadata": {"name": namespace}}))
+    rendered = objects({}, namespace)
+    configuration = f"{unique}-admission"
+    # cluster-scoped names are made unique: the control plane is shared with other tests
+    (cluster_role,) = one(rendered, "ClusterRole")
+    (cluster_binding,) = one(rendered, "ClusterRoleBinding")
+    (role,) = one(rendered, "Role")
+    (role_binding,) = one(rendered, "RoleBinding")
+    (account,) = one(rendered, "ServiceAccount")
+    (config,) = one(rendered, "MutatingWebhookConfiguration")
+    cluster_role["metadata"]["name"] = cluster_binding["roleRef"]["name"] = cluster_binding["metadata"][
+        "name"
+    ] = configuration
+    for rule in cluster_role["rules"]:
+        if "resourceNames" in rule:
+            rule["resourceNames"] = [configuration]
+    config["metadata"]["name"] = configuration
+    port, health = free_ports(2)
+    (webhook_spec,) = config["webhooks"]
+    webhook_spec["clientConfig"] = {"url": f"https://127.0.0.1:{port}/mutate"}
+    webhook_spec["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+    made = [cluster_role, cluster_binding, role, role_binding, account, config]
+    for obj in made:
+        await apply(kube, obj)
+    kubeconfig = await service_account_kubeconfig(
+        controlplane, kube, namespace, account["metadata"]["name"], tmp_path / "kubeconfig"
+    )
+    log = tmp_path / "admission.log"
+
+    def start() -> Webhook:
+        command = [
+            sys.executable,
+            "-m",
+            "tangram.admission",
+            f"--kubeconfig={kubeconfig}",
+            f"--namespace={namespace}",
+            "--host=127.0.0.1",
+            f"--port={port}",
+            "--cert-host=127.0.0.1",
+            f"--webhook-configuration={configuration}",
+            f"--health-port={health}",
+            "--check-interval=1",  # certificates and caBundle checked every second here
+            "--log-level=debug",
+        ]
+        with log.open("ab") as out:
+            process = subprocess.Popen(command, stdout=out, stderr=out, start_new_session=True)
+        return Webhook(process, f"http://127.0.0.1:{health}", log)
+
+    state = Served(namespace, configuration, start(), port, start)
+    try:
+        await until("the webhook ready", lambda: ready(state.webhook), WAIT_S)
+        yield state
+    finally:
+        code = state.webhook.stop()
+        for obj in reversed(made):
+            await delete(kube, obj)
+        with contextlib.suppress(KubeApiError):
+            await call("delete namespace", CoreV1Api(kube).delete_namespace(namespace))
+        assert code == 0, log.read_text()
+
+
+async def test_the_webhook_gates_only_pods_with_tangram_claims(
+    kube: Any, served: Served, unique: str
+) -> None:
+    ns = served.namespace
+    resource = ResourceV1Api(kube)
+    await install_device_classes(kube)
+    foreign = f"{unique}-foreign"
+    ours = f"{unique}-our-mig"  # a class made in the cluster counts as much as the shipped ones
+    classes = [
+        device_class(foreign, 'device.driver == "gpu.example.com"'),
+        device_class(
+            ours, 'device.driver == "gpu.tangram.dev" && device.attributes["gpu.tangram.dev"].type == "mig"'
+        ),
+    ]
+    for cls in classes:
+        await call(f"create DeviceClass {cls['metadata']['name']}", resource.create_device_class(cls))
+    try:
+        for name, cls in (
+            ("mig-1g", (MIG_CLASS,)),
+            ("ours", (ours,)),
+            ("foreign", (foreign,)),
+            ("mixed", (MIG_CLASS, foreign)),
+        ):
+            await resource.create_namespaced_resource_claim_template(ns, template(name, ns, *cls))
+
+        # the CA the webhook made is the one the API server was given, and the one in its Secret
+        config = await _request(
+            kube,
+            "GET",
+            f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{served.configuration}",
+        )
+        bundle = base64.b64decode(config["webhooks"][0]["clientConfig"]["caBundle"])
+        secret = await call(
+            "read the Secret", CoreV1Api(kube).read_namespaced_secret("tangram-admission-tls", ns)
+        )
+        assert base64.b64decode(secret.data["ca.crt"]) == bundle and b"BEGIN CERTIFICATE" in bundle
+
+        async def gated_in_a_dry_run() -> bool:
+            # the API server picks up a new webhook configuration within a moment
+            return SCHEDULING_GATE in await gates_of(
+                kube, ns, pod("probe", templates=("mig-1g",)), dry_run=True
+            )
+
+        await until("the API server calling the webhook", gated_in_a_dry_run, WAIT_S)
+
+        assert await gates_of(kube, ns, pod("tangram-1g", templates=("mig-1g",))) == [SCHEDULING_GATE]
+        for name, cls in (("claim-1g", (MIG_CLASS,)), ("claim-foreign", (foreign,))):
+            claim = template(name, ns, *cls)
+            claim["kind"], claim["spec"] = "ResourceClaim", claim["spec"]["spec"]
+            await resource.create_namespaced_resource_claim(ns, claim)
+        assert await gates_of(kube, ns, pod("by-claim", claims=("claim-1g",))) == [SCHEDULING_GATE]
+        assert await gates_of(kube, ns, pod("by-foreign-claim", claims=("claim-foreign",))) == []
+        assert await gates_of(kube, ns, pod("cluster-class", templates=("ours",))) == [SCHEDULING_GATE]
+        # a Tangram claim beside a foreign one: Tangram decides its claim, kube-scheduler the other
+        assert await gates_of(kube, ns, pod("two-claims", templates=("mig-1g", "foreign"))) == [
+            SCHEDULING_GATE
+        ]
+        assert await gates_of(kube, ns, pod("foreign", templates=("foreign",))) == []
+        assert await gates_of(kube, ns, pod("mixed", templates=("mixed",))) == []
+        assert await gates_of(kube, ns, pod("no-claims")) == []
+        assert await gates_of(kube, ns, pod("missing-template", templates=("nowhere",))) == []
+        opted_out = pod("opted-out", templates=("mig-1g",), labels={"gpu.tangram.dev/admission": "disabled"})
+        assert await gates_of(kube, ns, opted_out) == []
+        # idempotent: a pod that holds the gate keeps one; other gates stay
+        assert await gates_of(kube, ns, pod("gated", templates=("mig-1g",), gates=(SCHEDULING_GATE,))) == [
+            SCHEDULING_GATE
+        ]
+        assert await gates_of(
+            kube, ns, pod("other-gate", templates=("mig-1g",), gates=("example.com/x",))
+        ) == [
+            "example.com/x",
+            SCHEDULING_GATE,
+        ]
+    finally:
+        for cls in classes:
+            with contextlib.suppress(KubeApiError):
+                await call("delete DeviceClass", resource.delete_device_class(cls["metadata"]["name"]))
+
+
+async def test_a_restarted_webhook_reuses_its_certificates(kube: Any, served: Served) -> None:
+    core = CoreV1Api(kube)
+    before = await call(
+        "read the Secret", core.read_namespaced_secret("tangram-admission-tls", served.namespace)
+    )
+    assert served.webhook.stop() == 0  # SIGTERM: a clean exit
+    served.webhook = served.start()
+    await until("the restarted webhook ready", lambda: ready(served.webhook), WAIT_S)
+    after = await call(
+        "read the Secret", core.read_namespaced_secret("tangram-admission-tls", served.namespace)
+    )
+    assert after.metadata.resource_version == before.metadata.resource_version
+    assert after.data == before.data
+
+
+async def test_the_webhook_refuses_what_is_not_a_review_and_is_served_only_over_tls(served: Served) -> None:
+    config = served.webhook
+    async with aiohttp.ClientSession() as session, session.get(f"{config.health}/metrics") as response:
+        assert response.status == 200
+        text = await response.text()
+    assert "tangram_admission_reviews_total" in text
+    (expiry,) = [
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("tangram_admission_certificate_expiry_timestamp_seconds ")
+    ]
+    assert expiry > datetime.now(UTC).timestamp() + 300 * 86400  # a year's certificate, fresh
+    port = served.port
+    # the port speaks only TLS, with a certificate no system CA vouches for
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(aiohttp.ClientConnectorCertificateError):
+            await session.post(f"https://127.0.0.1:{port}/mutate", data=b"{}")
+        with pytest.raises(aiohttp.ClientError):
+            await session.post(f"http://127.0.0.1:{port}/mutate", data=b"{}")
+
+
+async def served_certificate(port: int, bundle: bytes) -> bytes:
+    """The certificate the webhook serves a new connection (DER), verified against `bundle`."""
+    context = ssl.create_default_context(cadata=bundle.decode())
+    _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+    try:
+        der: bytes = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        return der
+    finally:
+        writer.close()
+        with contextlib.suppress(ssl.SSLError, ConnectionError):
+            await writer.wait_closed()
+
+
+async def test_the_running_webhook_serves_a_renewed_certificate_and_restores_its_ca_bundle(
+    kube: Any, served: Served
+) -> None:
+    core = CoreV1Api(kube)
+    admission = AdmissionregistrationV1Api(kube)
+    secret = await call(
+        "read the Secret", core.read_namespaced_secret("tangram-admission-tls", served.namespace)
+    )
+    current = material_of({"data": secret.data})
+    assert current is not None
+    served_now = await served_certificate(served.port, current.ca_bundle)
+    assert served_now == x509.load_pem_x509_certificate(current.cert).public_bytes(serialization.Encoding.DER)
+    # another replica renews the serving certificate (same CA): this one picks it up, no restart
+    # (a new name makes it due now; the names this replica needs are all in it)
+    renewed = renew(current, ("127.0.0.1", "admission.example"), datetime.now(UTC))
+    assert renewed is not None and renewed.ca_bundle == current.ca_bundle
+    secret.data = secret_data(renewed)
+    await call(
+        "renew the Secret", core.replace_namespaced_secret("tangram-admission-tls", served.namespace, secret)
+    )
+    wanted = x509.load_pem_x509_certificate(renewed.cert).public_bytes(serialization.Encoding.DER)
+
+    async def serving_renewed() -> bool:
+        return await served_certificate(served.port, current.ca_bundle) == wanted
+
+    await until("the renewed certificate served", serving_renewed, WAIT_S)
+    # someone strips the caBundle: the webhook writes it back
+    stripped = [{"op": "remove", "path": "/webhooks/0/clientConfig/caBundle"}]
+    await call(
+        "strip the caBundle", admission.patch_mutating_webhook_configuration(served.configuration, stripped)
+    )
+
+    async def restored() -> bool:
+        found = await call(
+            "read the configuration", admission.read_mutating_webhook_configuration(served.configuration)
+        )
+        bundle = found.webhooks[0].client_config.ca_bundle
+        return bundle is not None and base64.b64decode(bundle) == current.ca_bundle
+
+    await until("the caBundle restored", restored, WAIT_S)
+    assert served.webhook.process.poll() is None
+
+
+# --- the MutatingAdmissionPolicy -------------------------------------------------------------
+
+
+async def test_the_policy_gates_pods_with_claims_in_opted_in_namespaces(
+    kube_admission_policies: Any, unique: str
+) -> None:
+    kube = kube_admission_policies
+    core = CoreV1Api(kube)
+    enabled, other = unique, f"{unique[:50]}-off"
+    rendered = objects({"admission.mode": "policy"}, enabled)
+    (policy,) = [o for o in rendered if o["kind"] == "MutatingAdmissionPolicy"]
+    (binding,) = [o for o in rendered if o["kind"] == "MutatingAdmissionPolicyBinding"]
+    assert policy["apiVersion"] == "admissionregistration.k8s.io/v1beta1"
+    policy["metadata"]["name"] = binding["metadata"]["name"] = binding["spec"]["policyName"] = (
+        f"{unique}-gate"
+    )
+    # only this test's namespace: the chart's label, plus its name (the control plane is shared)
+    binding["spec"]["matchResources"]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] = (
+        enabled
+    )
+    await call(
+        "create the opted-in namespace",
+        core.create_namespace(
+            {"metadata": {"name": enabled, "labels": {"gpu.tangram.dev/admission": "enabled"}}}
+        ),
+    )
+    await call("create another namespace", core.create_namespace({"metadata": {"name": other}}))
+    try:
+        for obj in (policy, binding):
+            await apply(kube, obj)
+
+        async def gated_in_a_dry_run() -> bool:
+            return SCHEDULING_GATE in await gates_of(
+                kube, enabled, pod("probe", templates=("any",)), dry_run=True
+            )
+
+        await until("the API server applying the policy", gated_in_a_dry_run, WAIT_S)
+        assert await gates_of(kube, enabled, pod("with-claims", templates=("any",))) == [SCHEDULING_GATE]
+        assert await gates_of(kube, enabled, pod("gated", templates=("any",), gates=(SCHEDULING_GATE,))) == [
+            SCHEDULING_GATE
+        ]
+        assert await gates_of(
+            kube, enabled, pod("other-gate", templates=("any",), gates=("example.com/x",))
+        ) == [
+            "example.com/x",
+            SCHEDULING_GATE,
+        ]
+        assert await gates_of(kube, enabled, pod("no-claims")) == []
+        opted_out = pod("opted-out", templates=("any",), labels={"gpu.tangram.dev/admission": "disabled"})
+        assert await gates_of(kube, enabled, opted_out) == []
+        assert await gates_of(kube, other, pod("elsewhere", templates=("any",))) == []
+    finally:
+        for obj in (binding, policy):
+            await delete(kube, obj)
+        for namespace in (enabled, other):
+            with contextlib.suppress(KubeApiError):
+                await call("delete namespace", core.delete_namespace(namespace))
