@@ -11,6 +11,7 @@ import socket
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from prometheus_client import Counter, Gauge, Histogram
@@ -38,6 +39,9 @@ from tangram.events import (
 )
 from tangram.k8s.deviceclasses import load_shipped_device_classes
 from tangram.service import ServiceContext, first, settle
+
+if TYPE_CHECKING:
+    from services.allocator.kubernetes import ClaimBridge
 
 log = logging.getLogger("tangram.allocator")
 
@@ -132,6 +136,14 @@ async def rebuilt_ledger(ctx: ServiceContext, settings: AllocatorSettings) -> Le
         return ledger
 
 
+async def _closing(api: Any, stop: asyncio.Event) -> None:
+    """Close the Kubernetes client when the service stops."""
+    try:
+        await stop.wait()
+    finally:
+        await api.close()
+
+
 async def resend_unanswered_destroys(ctx: ServiceContext, ledger: Ledger) -> None:
     """Send again the destroys of released claims that the log holds no result for.
 
@@ -182,6 +194,16 @@ async def _serve(ctx: ServiceContext, settings: AllocatorSettings, tasks: list[a
     # do not walk it (a pause of hundreds of ms at 1,000 nodes) in the middle of decisions.
     gc.collect()
     gc.freeze()
+    bridge: ClaimBridge | None = None
+    if settings.kubernetes:
+        # Imported only when deciding in Kubernetes: the client is slow to import, and an
+        # allocator without it starts (and stops) as fast as before.
+        from services.allocator.kubernetes import ClaimBridge  # noqa: PLC0415 - only with --kubernetes
+        from tangram.kube import connect  # noqa: PLC0415 - only with --kubernetes
+
+        api = await connect(kubeconfig=settings.kubeconfig)
+        tasks.append(asyncio.create_task(_closing(api, ctx.stop)))
+        bridge = ClaimBridge(api, ledger, ctx.bus.publish, producer=ctx.bus.config.producer)
 
     async def handle(event: Event) -> None:
         if isinstance(event, PartitionApplied | PartitionFailed):
@@ -190,7 +212,7 @@ async def _serve(ctx: ServiceContext, settings: AllocatorSettings, tasks: list[a
                 raise Poison(unanswered)
         started = time.perf_counter()
         outputs = ledger.apply(event)
-        if isinstance(event, ClaimRequested) and outputs:
+        if isinstance(event, ClaimRequested) and event.allocation is None and outputs:
             DECISION_SECONDS.observe(time.perf_counter() - started)
             outcome = "allocated" if any(isinstance(o, ClaimAllocated) for o in outputs) else "failed"
             DECISIONS.labels(outcome).inc()
@@ -209,6 +231,8 @@ async def _serve(ctx: ServiceContext, settings: AllocatorSettings, tasks: list[a
                     "claim failed",
                     extra={"claim": f"{output.namespace}/{output.name}", "reason": output.reason},
                 )
+        if bridge is not None:
+            bridge.notice(event, outputs)
 
     inventory_caught_up = asyncio.Event()
     claims_ready = asyncio.Event()
@@ -242,6 +266,10 @@ async def _serve(ctx: ServiceContext, settings: AllocatorSettings, tasks: list[a
     )
     await first(claims_ready.wait(), tasks)
     await first(results_ready.wait(), tasks)
+    if bridge is not None:
+        # Started once the log is folded: what it asks and releases is judged against the ledger.
+        tasks.append(asyncio.create_task(bridge.run(ctx.stop)))
+        await first(bridge.synced.wait(), tasks)
     ctx.ready.set()
     log.info("allocator ready", extra={"policy": settings.policy, "nodes": len(ledger.fleet.node_names)})
     await first(ctx.stop.wait(), tasks)

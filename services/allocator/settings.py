@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import get_args
 
 from tangram.allocation import Policy
-from tangram.service import ServiceSettings, add_service_arguments, service_fields
+from tangram.service import ServiceSettings, add_service_arguments, env_flag, service_fields
 
 
 class AllocatorSettings(ServiceSettings):
@@ -16,6 +16,9 @@ class AllocatorSettings(ServiceSettings):
     device_classes: Path | None = None  # a folder of DeviceClass YAML added to the shipped ones
     # Free MIG instances Tangram did not create may be destroyed to make room for a claim.
     reconfigure_foreign_instances: bool = False
+    # Decide the cluster's claims: watch ResourceClaims, write status.allocation, remove the gate.
+    kubernetes: bool = False
+    kubeconfig: Path | None = None  # default: in-cluster service account, then $KUBECONFIG
 
 
 def parse_settings(argv: list[str] | None = None) -> AllocatorSettings:
@@ -30,10 +33,19 @@ def parse_settings(argv: list[str] | None = None) -> AllocatorSettings:
         default=env("TANGRAM_RECONFIGURE_FOREIGN_INSTANCES", "") in ("1", "true"),
         help="let the allocator destroy free MIG instances that Tangram did not create",
     )
+    parser.add_argument(
+        "--kubernetes",
+        action="store_true",
+        default=env_flag("TANGRAM_KUBERNETES"),
+        help="decide the cluster's ResourceClaims of Tangram's classes (env TANGRAM_KUBERNETES=1)",
+    )
+    parser.add_argument("--kubeconfig", default=env("TANGRAM_KUBECONFIG"), help="kubeconfig file")
     args = parser.parse_args(argv)
     return AllocatorSettings(
         **service_fields(args),  # type: ignore[arg-type]
         policy=args.policy,
         device_classes=args.device_classes,
         reconfigure_foreign_instances=args.reconfigure_foreign_instances,
+        kubernetes=args.kubernetes,
+        kubeconfig=args.kubeconfig,
     )

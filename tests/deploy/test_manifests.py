@@ -116,18 +116,39 @@ def _grants(role: dict[str, Any]) -> set[tuple[str, str, str]]:
     }
 
 
-def test_allocator_has_no_kubernetes_rights() -> None:
-    # Claims and decisions travel over NATS and leader election is a NATS key-value lease: the
-    # allocator calls no Kubernetes API, so it has no role, no binding and no token.
+def test_allocator_rbac_is_what_deciding_claims_needs() -> None:
+    # The leader allocator decides the cluster's claims of Tangram's classes: it watches claims,
+    # classes and pods, writes allocations, removes its gate from pods and records Events. It reads
+    # no Secret and creates or deletes nothing but Events.
+    grants = _grants(_by_kind("ClusterRole", "tangram-allocator"))
+    assert grants == {
+        ("resource.k8s.io", "resourceclaims", "get"),
+        ("resource.k8s.io", "resourceclaims", "list"),
+        ("resource.k8s.io", "resourceclaims", "watch"),
+        ("resource.k8s.io", "resourceclaims/status", "update"),
+        ("resource.k8s.io", "deviceclasses", "list"),
+        ("resource.k8s.io", "deviceclasses", "watch"),
+        ("", "pods", "get"),
+        ("", "pods", "list"),
+        ("", "pods", "watch"),
+        ("", "pods", "patch"),
+        ("", "events", "create"),
+    }
+    binding = _by_kind("ClusterRoleBinding", "tangram-allocator")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "tangram-allocator", "namespace": "tangram"}
+    ]
     rbac = [
         f"{d['kind']}/{d['metadata']['name']}"
         for _, d in DOCUMENTS
         if d["kind"] in ("Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
     ]
-    assert not [name for name in rbac if "allocator" in name]
-    assert _by_kind("ServiceAccount", "tangram-allocator")["automountServiceAccountToken"] is False
+    assert [name for name in rbac if "allocator" in name] == [
+        "ClusterRole/tangram-allocator",
+        "ClusterRoleBinding/tangram-allocator",
+    ]
     pod = _by_kind("Deployment", "tangram-allocator")["spec"]["template"]["spec"]
-    assert pod["automountServiceAccountToken"] is False
+    assert pod["automountServiceAccountToken"] is True
 
 
 def test_node_rbac_is_least_privilege() -> None:

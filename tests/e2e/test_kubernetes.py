@@ -7,166 +7,34 @@ plays kubelet for the node with the kubelet stand-in over the real DRA socket.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
 
-from tangram.cluster.kubelet import NodeKubelet
-from tangram.cluster.up import install_device_classes
-from tangram.demo.cluster import LocalCluster, SimNode
-from tangram.kube import KubeApiError, call
-from tangram.kube.controlplane import ControlPlane, register_node
+from tangram.kube.controlplane import ControlPlane
 from tangram.kubelet.client import ClaimHandle, KubeletClient
-from tangram.partitioning import MigExecutor
-from tests.partitioner.helpers import MINORS, sim
+from tests.e2e.kubecluster import (
+    DRIVER,
+    MIG_1G,
+    NOT_GPU0,
+    Node,
+    claim_of,
+    pod,
+    started_node,
+    template,
+    until,
+    wait_for_pod,
+)
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.controlplane]
-
-DRIVER = "gpu.tangram.dev"
-MACHINE = "hgx-h200"
-WAIT_S = 120.0
-# GPU 0 of the simulated HGX H200 starts with two MIG instances Kubernetes knows nothing of: the
-# claims here stay off it, so the instance the test sees appear is the one made for the claim.
-NOT_GPU0 = 'device.attributes["gpu.tangram.dev"].index >= 1'
-MIG_1G = f'device.attributes["gpu.tangram.dev"].profile == "1g.18gb" && {NOT_GPU0}'
-
-
-@dataclass
-class Node:
-    name: str
-    namespace: str
-    cluster: LocalCluster
-    api: Any
-
-    @property
-    def core(self) -> CoreV1Api:
-        return CoreV1Api(self.api)
-
-    @property
-    def resource(self) -> ResourceV1Api:
-        return ResourceV1Api(self.api)
-
-    def mig_uuids(self) -> set[str]:
-        executor = MigExecutor(sim(MACHINE, self.cluster.state_file(self.name)), minors=MINORS)
-        return {i.mig_uuid for gpu in range(8) for i in executor.observe(gpu) if i.mig_uuid}
-
-    def spec_text(self, uid: str) -> str:
-        return (self.cluster.cdi_dir(self.name) / f"{DRIVER}-claim_{uid}.json").read_text()
-
-
-async def until(what: str, check: Callable[[], Awaitable[Any]], timeout: float = WAIT_S) -> Any:
-    """Poll `check` until it returns something truthy; the deadline bounds a wait, never asserts time."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        found = await check()
-        if found:
-            return found
-        if loop.time() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:g} s")
-        await asyncio.sleep(0.2)
-
-
-async def wait_for_pod(node: Node, name: str, phase: str) -> Any:
-    """The pod once in `phase`, read until WAIT_S has passed (a watch can end early on a loaded
-    machine); otherwise fail with what the API server says about it."""
-
-    async def reached() -> Any:
-        found = await node.core.read_namespaced_pod(name, node.namespace)
-        return found if found.status.phase == phase else None
-
-    try:
-        return await until(f"pod {name} {phase}", reached)
-    except AssertionError as error:
-        raise AssertionError(f"{error}:\n{await why(node, name)}") from None
-
-
-async def why(node: Node, name: str) -> str:
-    """What the API server says about a pod that did not get where it should: its conditions and
-    the events of its namespace (scheduling, claim allocation)."""
-    lines = []
-    with contextlib.suppress(KubeApiError, Exception):
-        found = await node.core.read_namespaced_pod(name, node.namespace)
-        lines += [
-            f"  condition {c.type}={c.status}: {c.reason} {c.message}" for c in found.status.conditions or []
-        ]
-    with contextlib.suppress(Exception):
-        events = await node.core.list_namespaced_event(node.namespace)
-        lines += [
-            f"  event {e.involved_object.kind}/{e.involved_object.name}: {e.reason}: {e.message}"
-            for e in events.items
-        ]
-    return "\n".join(lines) or "  (nothing recorded)"
 
 
 @pytest.fixture
 async def node(controlplane: ControlPlane, kube: Any, unique: str) -> AsyncIterator[Node]:
-    # Short: the node's DRA socket path, under the work folder, must fit a unix socket address.
-    name = f"n1-{unique.rsplit('-', 1)[-1]}"
-    await register_node(kube, name)
-    await install_device_classes(kube)
-    await call("create namespace", CoreV1Api(kube).create_namespace({"metadata": {"name": unique}}))
-    cluster = LocalCluster([SimNode(name, MACHINE)], kubeconfig=controlplane.kubeconfig)
-    cluster.start()
-    stop = asyncio.Event()
-    kubelet = NodeKubelet(kube, node=name, dra_socket=cluster.dra_socket(name))
-    task = asyncio.create_task(kubelet.run(stop))
-    try:
-
-        async def serving() -> bool:
-            return cluster.dra_socket(name).exists()
-
-        # Tests that call the plugin themselves wait for it to serve, as kubelet waits for its
-        # registration.
-        await until("the node's kubelet plugin serving", serving)
-        yield Node(name, unique, cluster, kube)
-    finally:
-        stop.set()
-        await task
-        codes = cluster.stop()
-        with contextlib.suppress(KubeApiError):
-            await call("delete namespace", CoreV1Api(kube).delete_namespace(unique))
-        assert all(code == 0 for code in codes.values()), codes
-
-
-def template(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"spec": spec},
-    }
-
-
-def pod(name: str, namespace: str, node: str, claims: dict[str, dict[str, str]]) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "resourceClaims": [{"name": claim, **source} for claim, source in claims.items()],
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"claims": [{"name": claim} for claim in claims]},
-                }
-            ],
-        },
-    }
-
-
-async def claim_of(node: Node, pod_obj: Any, entry: str) -> dict[str, Any]:
-    [name] = [s.resource_claim_name for s in pod_obj.status.resource_claim_statuses if s.name == entry]
-    claim = await node.resource.read_namespaced_resource_claim(name, node.namespace)
-    return dict(node.api.sanitize_for_serialization(claim))
+    async with started_node(controlplane, kube, unique) as started:
+        yield started
 
 
 async def test_a_pod_gets_a_new_mig_instance_and_an_nvlink_pair(node: Node) -> None:

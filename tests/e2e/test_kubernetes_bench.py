@@ -219,3 +219,27 @@ async def test_the_tangram_run_drives_gated_pods_to_whoever_lifts_the_gate(
     assert report["prepared"] == report["pods_scheduled"] == stand_in.allocated > 0
     for key in ("create_to_scheduled", "create_to_prepared"):
         assert 0 < report[key]["p50_ms"] <= report[key]["p99_ms"]
+
+
+async def test_the_tangram_run_with_the_allocator_deciding(
+    controlplane: ControlPlane, kube: Any, unique: str
+) -> None:
+    """The Tangram run as the bench makes it, the allocator itself deciding: gated pods are placed
+    until the node is full, then refused with the allocator's Warning Event."""
+    node = f"kr-{unique.rsplit('-', 1)[-1]}"
+    nodes = [(node, "h100-nvl-4x2")]
+    ops = kb.workload(1, 8, pods=0, saturation=1.3)
+    report = await kb.run_decider(
+        kube,
+        controlplane.kubeconfig,
+        nodes,
+        ops,
+        kb.tangram_decider(controlplane.kubeconfig),
+        namespace=unique,
+    )
+    placed = [row["node"] for row in report["pods"]]
+    assert set(placed) == {node, None}
+    admitted = placed.index(None)
+    assert report["admitted_before_first_unplaceable"] == admitted > 0
+    assert report["first_unplaceable"]["reason"].startswith("TangramUnschedulable: ")
+    assert report["prepared"] == report["pods_scheduled"] > 0

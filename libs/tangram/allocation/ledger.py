@@ -56,6 +56,9 @@ class Ledger:
     # uid -> node. Their node destroys what it made for them, so their release emits nothing.
     outside: dict[str, str] = field(default_factory=dict)
     conflicts: list[str] = field(default_factory=list)  # what two deciders gave out at once
+    # uid -> the attempt of its last decided request: a failed claim is decided again only when
+    # asked with a later attempt (after capacity was released), never on a redelivery.
+    attempts: dict[str, int] = field(default_factory=dict)
     # Destroy commands of released claims that no result has answered yet: uid -> command id ->
     # command. A release the allocator folded at a rebuild may be one its previous process read but
     # died before acting on; the consumer delivers it again, and the destroys go out then.
@@ -94,23 +97,39 @@ class Ledger:
         match event:
             case NodeInventory(hardware=hardware):
                 self.fleet.apply_inventory(hardware)
+            case ClaimRequested(allocation=allocation) if allocation is not None:
+                self.claims[event.uid] = (event.namespace, event.name)
+                return self._adopt_allocation(event, allocation, live=live)
             case ClaimRequested():
                 self.claims[event.uid] = (event.namespace, event.name)
-                if live and event.uid not in self.decided and event.uid not in self.released:
+                if event.uid in self.released and event.attempt > self.attempts.get(event.uid, 0):
+                    # Released (deallocated) and asked again with a later attempt: a new pod uses it.
+                    self.released.discard(event.uid)
+                    self.decided.pop(event.uid, None)
+                if live and self._to_decide(event):
                     return self._decide(event)
                 # Deciding counts the claim in the demand mix; a claim read back from the log is
                 # counted here instead, in the same order, so a rebuild weighs as the live fold did.
                 self.fleet.note_demand(
                     Claim(namespace=event.namespace, name=event.name, uid=event.uid, spec=event.spec),
-                    self.classes,
+                    self.classes_for(event),
                 )
             case ClaimAllocated():
                 self._adopt(event)
             case ClaimFailed(uid=uid):
                 self.decided[uid] = "failed"
+                self.attempts[uid] = max(self.attempts.get(uid, 0), event.attempt)
                 # A claim fails after its allocation when its MIG instance could not be created;
                 # live, its devices were freed then, and a rebuild must free them too.
                 self.fleet.release_replayed(uid)
+            case ClaimReleased(uid=uid) if uid in self.outside:
+                # Allocated by another writer and adopted: its node destroys what it made for it.
+                del self.outside[uid]
+                self.released.add(uid)
+                if live:
+                    self.fleet.release(uid, destroy_mig=False)
+                else:
+                    self.fleet.release_replayed(uid)
             case ClaimReleased(uid=uid):
                 if uid in self.released:
                     # Sent again, not decided again: the partitioner runs each command once.
@@ -164,6 +183,11 @@ class Ledger:
         if sent_to is None:
             if result.claim_uid not in self.decided:
                 return None  # the node's own command, for a claim decided outside the allocator
+            held = self.fleet.allocation(result.claim_uid)
+            if result.action == "disable-mig" and held is not None and held.node == result.node:
+                # The node prepares what the allocator wrote to the claim, and takes a whole GPU
+                # out of MIG mode whether or not the allocator's inventory showed it in: harmless.
+                return None
             return f"{result.action} result for command {result.command_id!r}, which was never sent"
         return (
             f"{result.action} result from node {result.node!r} for command {result.command_id!r}, "
@@ -175,21 +199,49 @@ class Ledger:
         sent_to = self.command_nodes.get(result.command_id)
         return sent_to is not None and sent_to == _token_or_none(result.node)
 
+    def classes_for(self, request: ClaimRequested) -> Mapping[str, DeviceClass]:
+        """The configured classes, overridden by those the request carries (as the cluster held
+        them when the claim was read). A carried class that does not parse is left out: the claim
+        then fails naming it as missing, live and in a replay alike."""
+        if not request.classes:
+            return self.classes
+        classes = dict(self.classes)
+        for name, manifest in request.classes.items():
+            try:
+                device_class = DeviceClass.from_manifest(manifest)
+            except ValueError:
+                classes.pop(name, None)
+                continue
+            classes[name] = device_class
+        return classes
+
+    def _to_decide(self, request: ClaimRequested) -> bool:
+        if request.uid in self.released or request.uid in self.outside:
+            return False
+        state = self.decided.get(request.uid)
+        if state is None:
+            return True
+        return state == "failed" and request.attempt > self.attempts.get(request.uid, 0)
+
     def _decide(self, request: ClaimRequested) -> list[Event]:
         claim = Claim(namespace=request.namespace, name=request.name, uid=request.uid, spec=request.spec)
-        decision = self.fleet.allocate(claim, self.classes, self.policy)
+        self.attempts[request.uid] = request.attempt
+        decision = self.fleet.allocate(claim, self.classes_for(request), self.policy)
         if not isinstance(decision, Allocated):
             self.decided[request.uid] = "failed"
             return [
                 ClaimFailed(
                     key=request.key,
-                    event_id=derived_id(request.uid, "failed"),
+                    event_id=derived_id(request.uid, "failed")
+                    if request.attempt == 0
+                    else derived_id(request.uid, "failed", request.attempt),
                     producer=self.producer,
                     namespace=request.namespace,
                     name=request.name,
                     uid=request.uid,
                     reason=decision.reason,
                     positions=dict(self.positions),
+                    attempt=request.attempt,
                 )
             ]
         self.decided[request.uid] = "allocated"
@@ -221,6 +273,7 @@ class Ledger:
             partitions=[c.command_id for c in commands],
             config=decision.config,
             positions=dict(self.positions),
+            attempt=request.attempt,
         )
         # The partition commands go first: the cdi service waits on them once it sees the allocation.
         return [*commands, allocated]
@@ -252,6 +305,7 @@ class Ledger:
 
     def _adopt(self, event: ClaimAllocated) -> None:
         self.decided[event.uid] = "allocated"
+        self.attempts[event.uid] = max(self.attempts.get(event.uid, 0), event.attempt)
         self.claims[event.uid] = (event.namespace, event.name)
         for command_id in event.partitions:
             self.commands[command_id] = event.uid
@@ -260,6 +314,87 @@ class Ledger:
             self.fleet.adopt(
                 Allocated(claim_uid=event.uid, node=event.node, devices=event.devices, config=event.config)
             )
+
+    def _adopt_allocation(
+        self, request: ClaimRequested, allocation: dict[str, Any], *, live: bool
+    ) -> list[Event]:
+        """A claim another writer (kube-scheduler) allocated: its devices are held from now on.
+
+        When the allocator had decided the same claim differently (both wrote at once; the API
+        server kept the other), its own decision is released first: its MIG creates are undone.
+        The allocator's own allocation read back from the API server changes nothing.
+        """
+        uid = request.uid
+        if uid in self.released or uid in self.outside:
+            return []
+        node, devices = _allocated_devices(allocation, self.fleet.driver)
+        if node is None:
+            return []
+        ours = self.fleet.allocation(uid)
+        outputs: list[Event] = []
+        if self.decided.get(uid) == "allocated" and ours is not None:
+            if ours.node == node and sorted(d.device for d in ours.devices) == sorted(d for _, d in devices):
+                return []
+            if live:
+                outputs = self._release(uid)
+            else:
+                self.fleet.release_replayed(uid)
+        for holder in self._holders(node, devices, besides=uid):
+            # The API server holds theirs: a claim this allocator decided with the same device
+            # (its allocation not written yet, or written over theirs) is decided again.
+            outputs += self._fail_after_conflict(holder, request, live=live)
+        self.decided.pop(uid, None)
+        self.outside[uid] = node
+        taken_twice = self.fleet.adopt_prepared(uid, node, devices)
+        self.conflicts.extend(
+            f"device {name} of node {node}: allocated to claim {request.namespace}/{request.name} "
+            f"({uid}) by another writer while another claim holds it"
+            for name in taken_twice
+        )
+        return outputs
+
+    def _holders(self, node_name: str, devices: list[tuple[str, str]], *, besides: str) -> list[str]:
+        """Claims this allocator decided that hold any of `devices` of the node."""
+        node = self.fleet.node(node_name)
+        if node is None:
+            return []
+        found: list[str] = []
+        for _, name in devices:
+            index = node.shape.index_by_name.get(name)
+            holder = node.allocated.get(index) if index is not None else None
+            if (
+                holder is not None
+                and holder != besides
+                and holder not in found
+                and holder not in self.outside
+                and self.decided.get(holder) == "allocated"
+            ):
+                found.append(holder)
+        return found
+
+    def _fail_after_conflict(self, uid: str, other: ClaimRequested, *, live: bool) -> list[Event]:
+        """Another writer allocated a device of this claim first: the claim is freed and failed, to
+        be asked again (a later attempt) by the claim source."""
+        self.decided[uid] = "failed"
+        namespace, name = self.claims.get(uid, ("", ""))
+        attempt = self.attempts.get(uid, 0)
+        failed = ClaimFailed(
+            key=uid,
+            event_id=derived_id(uid, "failed-after-conflict", attempt),
+            producer=self.producer,
+            namespace=namespace,
+            name=name,
+            uid=uid,
+            reason=(
+                f"a device of this claim was allocated first to claim {other.namespace}/{other.name} "
+                "by another writer; the claim is decided again"
+            ),
+            attempt=attempt,
+        )
+        if not live:
+            self.fleet.release_replayed(uid)
+            return [failed]
+        return [*self._release(uid), failed]
 
     def _adopt_prepared(self, event: ClaimPrepared) -> None:
         """A claim this allocator never decided was prepared: its devices are taken from now on."""
@@ -356,6 +491,26 @@ def _partition_failure_reason(failure: PartitionFailed) -> str:
         f"MIG instance {failure.profile} at slices {failure.placement.start}..{last} on GPU "
         f"{failure.gpu_uuid} of node {failure.node} could not be created: {failure.reason}"
     )
+
+
+def _allocated_devices(allocation: dict[str, Any], driver: str) -> tuple[str | None, list[tuple[str, str]]]:
+    """The node and the (request, device) of `driver` in a status.allocation (Tangram's pools are
+    named after their nodes); no node when it holds none of the driver's devices."""
+    devices = allocation.get("devices") if isinstance(allocation, dict) else None
+    results = devices.get("results") if isinstance(devices, dict) else None
+    node: str | None = None
+    found: list[tuple[str, str]] = []
+    for entry in results if isinstance(results, list) else []:
+        if not isinstance(entry, dict) or entry.get("driver") != driver:
+            continue
+        pool, request, device = entry.get("pool"), entry.get("request"), entry.get("device")
+        if not (isinstance(pool, str) and isinstance(request, str) and isinstance(device, str)):
+            continue
+        if node is None:
+            node = pool
+        if pool == node:
+            found.append((request, device))
+    return node, found
 
 
 def _token_or_none(node: str) -> str | None:

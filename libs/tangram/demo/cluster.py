@@ -69,6 +69,11 @@ class LocalCluster:
     passwords: dict[str, str] = field(default_factory=dict, repr=False)
     # With a kubeconfig, discovery publishes ResourceSlices and cdi reads claims from that API server.
     kubeconfig: Path | None = None
+    # With a kubeconfig too, the allocator decides the cluster's claims of pods held by the gate.
+    decide_in_kubernetes: bool = False
+    # Allocators started ("allocator", "allocator-2", ...): one leads, the others stand by.
+    allocators: int = 1
+    crashed: set[str] = field(default_factory=set)  # services killed by crash() and not restarted
     # Extra arguments for the allocator process (e.g. its Kubernetes mode).
     allocator_args: tuple[str, ...] = ()
 
@@ -140,7 +145,14 @@ class LocalCluster:
                 timeout=60,
                 capture_output=True,
             )
-        self._spawn("allocator", ["services.allocator", *self.allocator_args], {}, ALLOCATOR_USER)
+        deciding = (
+            ["--kubernetes", "--kubeconfig", str(self.kubeconfig)]
+            if self.kubeconfig and self.decide_in_kubernetes
+            else []
+        )
+        for index in range(self.allocators):
+            name = "allocator" if index == 0 else f"allocator-{index + 1}"
+            self._spawn(name, ["services.allocator", *deciding, *self.allocator_args], {}, ALLOCATOR_USER)
         for node in self.nodes:
             (self.workdir / node.name).mkdir(parents=True, exist_ok=True)
             # A simulated node has no driver install; lay one out so its CDI specs are complete.
@@ -204,9 +216,11 @@ class LocalCluster:
         service = self.service(name)
         service.process.kill()
         service.process.wait()
+        self.crashed.add(name)
 
     def restart(self, name: str) -> None:
         service = self.service(name)
+        self.crashed.discard(name)
         self.processes[self.processes.index(service)] = self._launch(
             name, service.module_args, service.env, service.user
         )

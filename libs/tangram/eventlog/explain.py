@@ -82,14 +82,16 @@ def explain(
             claim = Claim(namespace=event.namespace, name=event.name, uid=event.uid, spec=event.spec)
             # Committed into the fleet like the ledger's own decision: the ledger then publishes
             # this same decision, so the replay goes on unchanged.
-            decided.append(ledger.fleet.allocate(claim, ledger.classes, ledger.policy, explain=True))
+            decided.append(
+                ledger.fleet.allocate(claim, ledger.classes_for(event), ledger.policy, explain=True)
+            )
 
     report = replay(log, classes, policy, before_decision=capture)
     view = FleetView()
     for stored in events.events:
         view.apply(stored.event)
     claim_view = view.claims[target.uid]
-    recorded = events.decision_of(target.uid)
+    recorded = events.decision_of(target.uid, target.attempt)
     decision = decided[0] if decided else None
     divergence = next((d for d in report.divergences if d.uid == target.uid), None)
     recomputed = divergence.recomputed if divergence else Outcome.of(recorded.event if recorded else None)

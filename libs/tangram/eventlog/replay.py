@@ -89,11 +89,12 @@ class OrderedLog:
     events: list[Stored]
     undecodable: list[LogRecord]
     refused: list[LogRecord]
-    # Per claim uid, the first decision recorded (a later ClaimFailed is a failure after it).
-    decisions: dict[str, Stored]
+    # Per claim uid and attempt, the first decision recorded (a later ClaimFailed is a failure
+    # after it). A claim that failed is asked again with a later attempt once capacity frees.
+    decisions: dict[tuple[str, int], Stored]
 
-    def decision_of(self, uid: str) -> Stored | None:
-        return self.decisions.get(uid)
+    def decision_of(self, uid: str, attempt: int = 0) -> Stored | None:
+        return self.decisions.get((uid, attempt))
 
 
 def ordered(log: EventLog) -> OrderedLog:
@@ -133,10 +134,10 @@ def ordered(log: EventLog) -> OrderedLog:
         ),
     )
     events = [decoded[i] for i in decoded_order]
-    decisions: dict[str, Stored] = {}
+    decisions: dict[tuple[str, int], Stored] = {}
     for stored in events:
         if isinstance(stored.event, ClaimAllocated | ClaimFailed):
-            decisions.setdefault(stored.event.uid, stored)
+            decisions.setdefault((stored.event.uid, stored.event.attempt), stored)
     return OrderedLog(events=events, undecodable=undecodable, refused=refused, decisions=decisions)
 
 
@@ -165,7 +166,7 @@ def replay(
         if recomputed is None:
             continue  # decided before (a redelivered request): nothing new, as live
         decided += 1
-        recorded = events.decision_of(request.uid)
+        recorded = events.decision_of(request.uid, request.attempt)
         divergence = _compare(stored, recorded, recomputed)
         if divergence is None:
             continue
@@ -270,7 +271,7 @@ def _fold_by_positions(events: OrderedLog, ledger: Ledger) -> Iterator[Stored]:
     for stored in claims:
         event = stored.event
         if isinstance(event, ClaimRequested):
-            decision = events.decision_of(event.uid)
+            decision = events.decision_of(event.uid, event.attempt)
             advance(_positions(decision) if decision else {})
             yield stored
         elif not _is_recorded_decision(events, stored):
@@ -288,7 +289,10 @@ def _positions(decision: Stored) -> dict[str, int]:
 def _is_recorded_decision(events: OrderedLog, stored: Stored) -> bool:
     """The recorded decision of a claim: compared (and adopted on divergence) at its request."""
     event = stored.event
-    return isinstance(event, ClaimAllocated | ClaimFailed) and events.decision_of(event.uid) is stored
+    return (
+        isinstance(event, ClaimAllocated | ClaimFailed)
+        and events.decision_of(event.uid, event.attempt) is stored
+    )
 
 
 def _compare(request: Stored, recorded: Stored | None, recomputed: Event) -> Divergence | None:

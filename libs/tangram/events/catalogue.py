@@ -35,6 +35,16 @@ class ClaimRequested(Event, tag="claim.requested", frozen=True, kw_only=True):
     name: str
     uid: str
     spec: dict[str, Any]  # ResourceClaim.spec (resource.k8s.io/v1), validated by the allocator
+    # The DeviceClasses the claim names, as the cluster held them when the claim was read (name ->
+    # DeviceClass manifest): the allocator decides with these over its configured ones, so a replay
+    # decides as live whatever classes were created, changed or deleted in the cluster since.
+    classes: dict[str, dict[str, Any]] = {}
+    # Counts the requests of this claim decided before: a claim that failed is asked again (with
+    # attempt + 1) when capacity is released; the same attempt delivered twice is decided once.
+    attempt: int = 0
+    # status.allocation of a claim another writer (kube-scheduler) allocated: the allocator does
+    # not decide it but takes its devices as held, so nothing is given twice.
+    allocation: dict[str, Any] | None = None
 
 
 class AllocatedDevice(msgspec.Struct, frozen=True, kw_only=True):
@@ -66,6 +76,7 @@ class ClaimAllocated(Event, tag="claim.allocated", frozen=True, kw_only=True):
     # the allocator had folded when it decided: a replay folds exactly those, whatever the timing
     # of their arrival was. Empty on decisions not made live by the allocator.
     positions: dict[str, int] = {}
+    attempt: int = 0  # the ClaimRequested.attempt decided
 
 
 class ClaimFailed(Event, tag="claim.failed", frozen=True, kw_only=True):
@@ -77,6 +88,7 @@ class ClaimFailed(Event, tag="claim.failed", frozen=True, kw_only=True):
     uid: str
     reason: str
     positions: dict[str, int] = {}  # as on ClaimAllocated
+    attempt: int = 0  # the ClaimRequested.attempt decided
 
 
 class ClaimReleased(Event, tag="claim.released", frozen=True, kw_only=True):

@@ -1,0 +1,210 @@
+"""The allocator's writes to the API server hold only against what it read: a stale claim or pod is
+read again, and an allocation someone else wrote first stands (real API server, optimistic
+concurrency)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
+
+from services.allocator.kubernetes import ClaimBridge
+from tangram.allocation import DeviceClass, FleetState
+from tangram.allocation.ledger import Ledger
+from tangram.events import ClaimAllocated, ClaimFailed, ClaimRequested, Event
+from tangram.k8s.claimbridge import claim_requested
+from tangram.k8s.deviceclasses import load_shipped_device_classes
+from tangram.k8s.names import SCHEDULING_GATE
+from tangram.kube import KubeApiError, call, call_json
+from tests.allocator.helpers import inventory
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.controlplane]
+
+SHIPPED = {m["metadata"]["name"]: m for m in load_shipped_device_classes()}
+NODE = "bridge-node"
+
+
+class Setup:
+    def __init__(self, kube: Any, namespace: str) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.resource = ResourceV1Api(kube)
+        self.core = CoreV1Api(kube)
+        self.published: list[Event] = []
+        self.ledger = Ledger(
+            fleet=FleetState(),
+            classes={c.name: c for c in (DeviceClass.from_manifest(m) for m in SHIPPED.values())},
+        )
+        self.ledger.apply(inventory("hgx-h200", NODE), live=False)
+
+        async def publish(event: Event) -> None:
+            self.published.append(event)
+
+        self.bridge = ClaimBridge(kube, self.ledger, publish, producer="test")
+        self.bridge.classes = dict(SHIPPED)
+        self.bridge._listed.update({"classes", "claims", "pods"})
+
+    async def claim(self, name: str) -> dict[str, Any]:
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": self.namespace},
+            "spec": {
+                "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tangram.dev"}}]}
+            },
+        }
+        return await call_json(
+            "create claim",
+            self.resource.create_namespaced_resource_claim(self.namespace, body, _preload_content=False),
+        )
+
+    async def read(self, name: str) -> dict[str, Any]:
+        return await call_json(
+            "read claim",
+            self.resource.read_namespaced_resource_claim(name, self.namespace, _preload_content=False),
+        )
+
+    def decide(self, claim: dict[str, Any]) -> ClaimAllocated:
+        *_, allocated = self.ledger.apply(claim_requested(claim, SHIPPED, producer="test"))
+        assert isinstance(allocated, ClaimAllocated)
+        return allocated
+
+
+@pytest.fixture
+async def setup(kube: Any, unique: str) -> AsyncIterator[Setup]:
+    await call("create namespace", CoreV1Api(kube).create_namespace({"metadata": {"name": unique}}))
+    try:
+        yield Setup(kube, unique)
+    finally:
+        with contextlib.suppress(KubeApiError):
+            await call("delete namespace", CoreV1Api(kube).delete_namespace(unique))
+
+
+def allocation(device: str) -> dict[str, Any]:
+    return {
+        "devices": {
+            "results": [{"request": "gpu", "driver": "gpu.tangram.dev", "pool": NODE, "device": device}]
+        },
+        "nodeSelector": {
+            "nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}
+            ]
+        },
+    }
+
+
+async def test_a_write_against_a_stale_claim_is_retried_and_lands(setup: Setup) -> None:
+    stale = await setup.claim("c")
+    allocated = setup.decide(stale)
+    setup.bridge.claims[(setup.namespace, "c")] = stale
+    # someone changes the claim meanwhile (not its allocation): the write conflicts, then lands
+    current = await setup.read("c")
+    current["metadata"]["labels"] = {"touched": "yes"}
+    await call_json(
+        "label claim",
+        setup.resource.replace_namespaced_resource_claim(
+            "c", setup.namespace, current, _preload_content=False
+        ),
+    )
+    await setup.bridge._write(allocated)
+    written = await setup.read("c")
+    [result] = written["status"]["allocation"]["devices"]["results"]
+    assert result["device"] == allocated.devices[0].device and result["pool"] == NODE
+    assert written["metadata"]["labels"] == {"touched": "yes"}
+    assert setup.published == []
+
+
+async def test_an_allocation_someone_else_wrote_first_stands_and_is_adopted(setup: Setup) -> None:
+    stale = await setup.claim("c")
+    allocated = setup.decide(stale)
+    ours = allocated.devices[0].device
+    theirs = next(f"gpu-{i}" for i in range(8) if f"gpu-{i}" != ours)
+    setup.bridge.claims[(setup.namespace, "c")] = stale
+    current = await setup.read("c")
+    current["status"] = {"allocation": allocation(theirs)}
+    await call_json(
+        "kube-scheduler's allocation",
+        setup.resource.replace_namespaced_resource_claim_status(
+            "c", setup.namespace, current, _preload_content=False
+        ),
+    )
+    await setup.bridge._write(allocated)
+    kept = await setup.read("c")
+    assert [r["device"] for r in kept["status"]["allocation"]["devices"]["results"]] == [theirs]
+    [adopted] = setup.published
+    assert isinstance(adopted, ClaimRequested) and adopted.allocation is not None
+    assert [r["device"] for r in adopted.allocation["devices"]["results"]] == [theirs]
+    # the ledger, folding it, gives up its own decision and holds theirs
+    setup.ledger.apply(adopted)
+    held = setup.ledger.fleet.allocation(adopted.uid)
+    assert held is not None and [d.device for d in held.devices] == [theirs]
+
+
+async def test_the_gate_goes_from_a_stale_pod_and_other_gates_stay(setup: Setup) -> None:
+    ns = setup.namespace
+    claim = await setup.claim("c")
+    setup.bridge.claims[(ns, "c")] = {**claim, "status": {"allocation": allocation("gpu-1")}}
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "namespace": ns},
+        "spec": {
+            "schedulingGates": [{"name": "example.com/other"}, {"name": SCHEDULING_GATE}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}],
+            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+        },
+    }
+    stale = await call_json("create pod", setup.core.create_namespaced_pod(ns, body, _preload_content=False))
+    current = await call_json("read pod", setup.core.read_namespaced_pod("p", ns, _preload_content=False))
+    current["metadata"]["labels"] = {"touched": "yes"}
+    await call_json("label pod", setup.core.replace_namespaced_pod("p", ns, current, _preload_content=False))
+    await setup.bridge._maybe_ungate(stale)
+    now = await call_json("read pod", setup.core.read_namespaced_pod("p", ns, _preload_content=False))
+    assert now["spec"]["schedulingGates"] == [{"name": "example.com/other"}]
+    assert now["metadata"]["labels"] == {"touched": "yes"}
+
+
+async def test_a_gated_pod_waits_while_its_tangram_claim_is_unallocated(setup: Setup) -> None:
+    ns = setup.namespace
+    claim = await setup.claim("c")
+    setup.bridge.claims[(ns, "c")] = claim
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "namespace": ns},
+        "spec": {
+            "schedulingGates": [{"name": SCHEDULING_GATE}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}],
+            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+        },
+    }
+    pod = await call_json("create pod", setup.core.create_namespaced_pod(ns, body, _preload_content=False))
+    await setup.bridge._maybe_ungate(pod)
+    now = await call_json("read pod", setup.core.read_namespaced_pod("p", ns, _preload_content=False))
+    assert now["spec"]["schedulingGates"] == [{"name": SCHEDULING_GATE}]
+
+
+async def test_a_decision_naming_a_device_another_claim_holds_is_not_written(setup: Setup) -> None:
+    mine = await setup.claim("mine")
+    allocated = setup.decide(mine)
+    device = allocated.devices[0].device
+    other = await setup.claim("other")
+    other["status"] = {"allocation": allocation(device)}
+    written_other = await call_json(
+        "kube-scheduler's allocation",
+        setup.resource.replace_namespaced_resource_claim_status(
+            "other", setup.namespace, other, _preload_content=False
+        ),
+    )
+    setup.bridge.claims[(setup.namespace, "mine")] = mine
+    setup.bridge.claims[(setup.namespace, "other")] = written_other
+    await setup.bridge._write(allocated)
+    assert (await setup.read("mine")).get("status", {}).get("allocation") is None
+    [adopted] = setup.published
+    assert isinstance(adopted, ClaimRequested) and adopted.uid == written_other["metadata"]["uid"]
+    # folding it, the ledger frees its own decision for the claim to be asked again
+    [failed] = setup.ledger.apply(adopted)
+    assert isinstance(failed, ClaimFailed) and failed.uid == allocated.uid
