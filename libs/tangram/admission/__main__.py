@@ -3,7 +3,9 @@
 Connects to Kubernetes as its own service account, makes or reuses its certificates (a Secret),
 patches the caBundle of its MutatingWebhookConfiguration, serves HTTPS on --port and health and
 metrics on --health-port, checks the certificates every --check-interval seconds, and stops
-gracefully on SIGTERM (open reviews are answered first).
+gracefully on SIGTERM (open reviews are answered first). It also removes Tangram's scheduling gate
+from any pod that has held it longer than --gate-timeout seconds (`tangram.admission.gatekeeper`):
+with the allocator down, kube-scheduler then decides the pod's claims and Tangram adopts them.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tangram.admission.certs import CA_DAYS, SERVING_DAYS, TlsMaterial
+from tangram.admission.gatekeeper import GateKeeper
 from tangram.admission.keeper import CertificateKeeper
 from tangram.admission.lookup import ClaimLookup
 from tangram.admission.server import MAX_BODY_BYTES, AdmissionServer, server_tls
@@ -50,6 +53,8 @@ class AdmissionSettings(BaseModel):
     max_body_bytes: int = Field(default=MAX_BODY_BYTES, ge=1024, le=64 * 1024 * 1024)
     lookup_timeout_s: float = Field(default=3.0, gt=0, le=30)
     check_interval_s: float = Field(default=3600.0, gt=0)
+    # seconds a pod may hold Tangram's gate before it is removed and kube-scheduler decides; 0: never
+    gate_timeout_s: float = Field(default=120.0, ge=0)
     ca_days: int = Field(default=CA_DAYS, ge=2)
     serving_days: int = Field(default=SERVING_DAYS, ge=1)
     work_dir: Path | None = None
@@ -124,6 +129,14 @@ def parse_args(argv: list[str] | None = None) -> AdmissionSettings:
         default=float(_env("ADMISSION_CHECK_INTERVAL_S", "3600") or 3600),
         help="seconds between certificate checks (renewal, caBundle)",
     )
+    parser.add_argument(
+        "--gate-timeout",
+        type=float,
+        default=float(_env("ADMISSION_GATE_TIMEOUT_S", "120") or 0),
+        help="seconds a pod may hold Tangram's scheduling gate (from its creation) before it is "
+        "removed and kube-scheduler allocates its claims; 0 never removes it "
+        "(env TANGRAM_ADMISSION_GATE_TIMEOUT_S)",
+    )
     parser.add_argument("--ca-days", type=int, default=int(_env("ADMISSION_CA_DAYS", str(CA_DAYS)) or 0))
     parser.add_argument(
         "--serving-days", type=int, default=int(_env("ADMISSION_SERVING_DAYS", str(SERVING_DAYS)) or 0)
@@ -154,6 +167,7 @@ def parse_args(argv: list[str] | None = None) -> AdmissionSettings:
             max_body_bytes=args.max_body_bytes,
             lookup_timeout_s=args.lookup_timeout,
             check_interval_s=args.check_interval,
+            gate_timeout_s=args.gate_timeout,
             ca_days=args.ca_days,
             serving_days=args.serving_days,
             work_dir=args.work_dir,
@@ -197,6 +211,11 @@ async def run(settings: AdmissionSettings) -> int:
         lookup_timeout_s=settings.lookup_timeout_s,
         max_body_bytes=settings.max_body_bytes,
     )
+    gates = GateKeeper(api, timeout_s=settings.gate_timeout_s) if settings.gate_timeout_s > 0 else None
+    keeping = asyncio.create_task(gates.run(stop)) if gates is not None else None
+    if keeping is not None:
+        # the gate keeper failing stops the webhook (its error raised below), never silently
+        keeping.add_done_callback(lambda _: stop.set())
     with tempfile.TemporaryDirectory(prefix="tangram-admission-", dir=settings.work_dir) as work:
         try:
             await health.start()
@@ -223,9 +242,14 @@ async def run(settings: AdmissionSettings) -> int:
                     log.info("serving the renewed certificate")
         finally:
             serving.clear()
+            if keeping is not None:
+                keeping.cancel()
+                await asyncio.wait([keeping])
             await server.stop()
             await health.stop()
             await api.close()
+    if keeping is not None and not keeping.cancelled() and keeping.exception() is not None:
+        raise SystemExit(f"tangram admission: the gate keeper failed: {keeping.exception()!r}")
     return 0
 
 

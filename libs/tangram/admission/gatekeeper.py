@@ -1,0 +1,298 @@
+"""The gate timeout: a pod Tangram has not released within `timeout_s` goes to kube-scheduler.
+
+Tangram's allocator removes the scheduling gate once it has written a claim's allocation. With
+every allocator down nothing would ever remove it, and the pod would wait for ever; so the
+admission webhook, which runs as its own Deployment, lists and watches the pods holding the gate
+(every namespace; the API server cannot select pods by scheduling gate, so each pod is judged by
+`expired_gates`) and removes the gate from any pod that has held it longer than the timeout,
+measured from the pod's creation. kube-scheduler then allocates the pod's claims itself, and the
+allocator, once it runs again, adopts what kube-scheduler allocated into its ledger (it watches
+every claim and holds another writer's allocation as taken), so no device is given twice.
+
+Every replica of the webhook runs this, and none needs to lead: the removal is a JSONPatch that
+tests the pod's resourceVersion and the gate's position first, so of two replicas removing the same
+gate one succeeds and the other is refused (409/422), reads the pod again and finds nothing left
+to do. The timeout counts for a pod Tangram could not place as much as for one no allocator saw:
+after it, kube-scheduler decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio.client import CoreV1Api
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.watch import Watch
+from prometheus_client import Counter
+
+from tangram.k8s.claimbridge import warning_event
+from tangram.k8s.gates import holds_gate, remove_gate_patch
+from tangram.kube import KubeApiError, call, call_json
+
+log = logging.getLogger("tangram.admission.gatekeeper")
+
+REASON = "TangramGateTimeout"
+COMPONENT = "tangram-admission"
+TRIES = 5
+
+GATES_TIMED_OUT = Counter(
+    "tangram_admission_gates_timed_out_total",
+    "Scheduling gates removed because Tangram had not allocated the pod's claims within the gate "
+    "timeout (kube-scheduler allocates them instead)",
+)
+
+
+@dataclass(frozen=True)
+class Expired:
+    namespace: str
+    name: str
+    held_s: float  # how long the pod has held the gate (since its creation)
+
+
+def _created(pod: Mapping[str, Any]) -> datetime | None:
+    stamp = (pod.get("metadata") or {}).get("creationTimestamp")
+    if isinstance(stamp, datetime):
+        return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
+    if not isinstance(stamp, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def expired_gates(pods: Iterable[Mapping[str, Any]], now: datetime, timeout_s: float) -> list[Expired]:
+    """The pods (as the API server sends them) that have held Tangram's gate for `timeout_s` or
+    longer, oldest first. A timeout of 0 or less expires nothing (the timeout is off); a pod being
+    deleted, or without a readable creation time, is left alone."""
+    if timeout_s <= 0:
+        return []
+    found = []
+    for pod in pods:
+        metadata = pod.get("metadata") or {}
+        if not holds_gate(pod) or metadata.get("deletionTimestamp"):
+            continue
+        created = _created(pod)
+        if created is None:
+            continue
+        held = (now - created).total_seconds()
+        if held >= timeout_s:
+            found.append(Expired(str(metadata.get("namespace", "")), str(metadata.get("name", "")), held))
+    return sorted(found, key=lambda e: (-e.held_s, e.namespace, e.name))
+
+
+def guarded_removal(pod: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """The JSONPatch lifting the gate from the pod exactly as read (its resourceVersion tested
+    first; every other gate kept); None when it holds no gate."""
+    removal = remove_gate_patch(pod)
+    if removal is None:
+        return None
+    version = (pod.get("metadata") or {}).get("resourceVersion")
+    return [{"op": "test", "path": "/metadata/resourceVersion", "value": version}, *removal]
+
+
+def _key(pod: Mapping[str, Any]) -> tuple[str, str]:
+    metadata = pod.get("metadata") or {}
+    return str(metadata.get("namespace", "")), str(metadata.get("name", ""))
+
+
+class GateKeeper:
+    def __init__(
+        self,
+        api: Any,
+        *,
+        timeout_s: float,
+        request_timeout_s: float = 10.0,
+        watch_timeout_s: int = 300,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._core = CoreV1Api(api)
+        self.timeout_s = timeout_s
+        self._request_timeout = request_timeout_s
+        self._watch_timeout = watch_timeout_s
+        self._now = now
+        self.gated: dict[tuple[str, str], dict[str, Any]] = {}  # pods holding the gate, as last seen
+        self.listed = asyncio.Event()
+
+    @property
+    def tick_s(self) -> float:
+        """How often the pods held are judged: a tenth of the timeout, within 0.5 to 5 s."""
+        return max(0.5, min(5.0, self.timeout_s / 10))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        follow = asyncio.create_task(self._follow(stop))
+        try:
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.tick_s)
+                if stop.is_set() or not self.listed.is_set():
+                    continue
+                if follow.done():
+                    follow.result()  # a failing follower fails the keeper, never silently
+                await self.judge()
+        finally:
+            follow.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follow
+
+    async def judge(self) -> int:
+        """Remove the gate of every pod held past the timeout; how many were removed."""
+        removed = 0
+        for expired in expired_gates(list(self.gated.values()), self._now(), self.timeout_s):
+            try:
+                removed += await self._release(expired)
+            except KubeApiError as error:
+                log.warning(
+                    "cannot remove a timed-out scheduling gate",
+                    extra={"pod": f"{expired.namespace}/{expired.name}", "error": str(error)},
+                )
+        return removed
+
+    # --- following the pods -----------------------------------------------------------------------
+
+    def _seen(self, kind: str, pod: dict[str, Any]) -> None:
+        key = _key(pod)
+        if kind == "DELETED" or not holds_gate(pod):
+            self.gated.pop(key, None)
+        else:
+            self.gated[key] = pod
+
+    async def relist(self) -> str:
+        """Every pod holding the gate, listed afresh; the list's resourceVersion."""
+        listed = await call_json(
+            "list Pods",
+            self._core.list_pod_for_all_namespaces(
+                _preload_content=False, _request_timeout=self._request_timeout
+            ),
+        )
+        self.gated = {_key(p): p for p in listed.get("items") or [] if holds_gate(p)}
+        self.listed.set()
+        return str(listed["metadata"].get("resourceVersion", ""))
+
+    async def _follow(self, stop: asyncio.Event) -> None:
+        """List, then watch from the list's resourceVersion; list again when the watch ends."""
+        failures = 0
+        while not stop.is_set():
+            try:
+                version = await self.relist()
+                failures = 0
+                async with Watch(return_type="object") as stream:
+                    async for change in stream.stream(
+                        self._core.list_pod_for_all_namespaces,
+                        resource_version=version,
+                        allow_watch_bookmarks=False,
+                        timeout_seconds=self._watch_timeout,
+                        _request_timeout=self._watch_timeout + self._request_timeout,
+                    ):
+                        obj = change["raw_object"]
+                        if isinstance(obj, dict) and isinstance(obj.get("metadata"), dict):
+                            self._seen(str(change["type"]), obj)
+            except (
+                KubeApiError,
+                ApiException,
+                aiohttp.ClientError,
+                TimeoutError,
+                OSError,
+                ValueError,
+            ) as error:
+                failures += 1
+                delay = min(5.0, 0.2 * 2 ** min(failures, 5))
+                log.warning(
+                    "pods watch ended; listing again",
+                    extra={"error": f"{type(error).__name__}: {error}", "retry_in_s": delay},
+                )
+                await asyncio.sleep(delay)
+
+    # --- removing a gate ------------------------------------------------------------------------------
+
+    async def _read(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return await call_json(
+                f"read Pod {namespace}/{name}",
+                self._core.read_namespaced_pod(
+                    name, namespace, _preload_content=False, _request_timeout=self._request_timeout
+                ),
+            )
+        except KubeApiError as error:
+            if error.not_found:
+                return None
+            raise
+
+    async def _release(self, expired: Expired) -> int:
+        """Lift the gate from the pod as last seen; refused (it changed meanwhile, or another
+        replica lifted it): read it again and judge again."""
+        namespace, name = expired.namespace, expired.name
+        pod: dict[str, Any] | None = self.gated.get((namespace, name))
+        for _ in range(TRIES):
+            if pod is None:
+                self.gated.pop((namespace, name), None)
+                return 0
+            judged = expired_gates([pod], self._now(), self.timeout_s)
+            patch = guarded_removal(pod)
+            if not judged or patch is None:
+                self._seen("MODIFIED", pod)
+                return 0
+            try:
+                pod = await call_json(
+                    f"remove the scheduling gate of Pod {namespace}/{name} (timed out)",
+                    self._core.patch_namespaced_pod(
+                        name,
+                        namespace,
+                        patch,
+                        _content_type="application/json-patch+json",
+                        _preload_content=False,
+                        _request_timeout=self._request_timeout,
+                    ),
+                )
+            except KubeApiError as error:
+                if error.not_found:
+                    pod = None
+                    continue
+                if error.status not in (409, 422):  # a changed pod fails the patch's test
+                    raise
+                pod = await self._read(namespace, name)
+                continue
+            self._seen("MODIFIED", pod)
+            GATES_TIMED_OUT.inc()
+            log.warning(
+                "scheduling gate removed: Tangram did not allocate in time, kube-scheduler decides",
+                extra={"pod": f"{namespace}/{name}", "held_s": round(judged[0].held_s, 1)},
+            )
+            await self._record(pod)
+            return 1
+        return 0
+
+    async def _record(self, pod: dict[str, Any]) -> None:
+        metadata = pod.get("metadata") or {}
+        namespace, name = _key(pod)
+        suffix = hashlib.sha256(f"{metadata.get('uid', '')}/{REASON}".encode()).hexdigest()[:16]
+        message = (
+            f"Tangram did not allocate this pod's claims within {self.timeout_s:g} s: its scheduling "
+            "gate is removed and kube-scheduler decides (Tangram adopts its allocation)"
+        )
+        event = warning_event(
+            pod,
+            "Pod",
+            reason=REASON,
+            message=message,
+            now=self._now().strftime("%Y-%m-%dT%H:%M:%SZ"),
+            component=COMPONENT,
+            suffix=suffix,
+        )
+        try:
+            await call(
+                f"record an Event on Pod {namespace}/{name}",
+                self._core.create_namespaced_event(namespace, event, _request_timeout=self._request_timeout),
+            )
+        except KubeApiError as error:
+            if not error.already_exists:
+                log.warning("cannot record an Event", extra={"error": str(error)})
