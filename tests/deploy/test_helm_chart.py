@@ -136,6 +136,7 @@ def test_helm_lint_is_clean(helm: Path, value_set: str, version: str) -> None:
         ("nats.server.replicas", "2", "value must be one of"),
         ("admission.mode", "both", "value must be one of"),
         ("admission.policy.apiVersion", "v1", "value must be one of"),
+        ("admission.gateTimeoutSeconds", "-1", "minimum: got -1, want 0"),
     ],
 )
 def test_lint_refuses_a_wrong_value(helm: Path, key: str, value: str, why: str) -> None:
@@ -618,8 +619,14 @@ CALLS = {
         "list_node": ("", "nodes", "list"),
     },
     # The admission webhook's: a created pod's claims or claim templates and their classes, its
-    # certificates' Secret, and the caBundle of its webhook configuration.
+    # certificates' Secret, and the caBundle of its webhook configuration; the pods held by the
+    # gate, whose gate it removes past the gate timeout (with an Event on the pod).
     "admission": {
+        "list_pod_for_all_namespaces": ("", "pods", "list"),
+        "watch:list_pod_for_all_namespaces": ("", "pods", "watch"),
+        "read_namespaced_pod": ("", "pods", "get"),
+        "patch_namespaced_pod": ("", "pods", "patch"),
+        "create_namespaced_event": ("", "events", "create"),
         "read_namespaced_resource_claim": ("resource.k8s.io", "resourceclaims", "get"),
         "read_namespaced_resource_claim_template": ("resource.k8s.io", "resourceclaimtemplates", "get"),
         "read_device_class": ("resource.k8s.io", "deviceclasses", "get"),
@@ -696,10 +703,15 @@ def test_the_api_calls_are_found_in_the_code_of_each_role() -> None:
     # the comparison below can fail: each role's code really makes its calls, and no other's
     assert {"create_token_review", "list_node"} <= _api_calls("authcallout")
     assert {"create_resource_slice", "read_node"} <= _api_calls("node")
-    assert {"read_device_class", "patch_mutating_webhook_configuration"} <= _api_calls("admission")
+    assert {
+        "read_device_class",
+        "patch_mutating_webhook_configuration",
+        "patch_namespaced_pod",
+    } <= _api_calls("admission")
     assert not _api_calls("node") & _api_calls("authcallout")
     assert {"replace_namespaced_resource_claim_status", "patch_namespaced_pod"} <= _api_calls("allocator")
-    assert not _api_calls("authcallout") & _api_calls("admission")
+    # both read a pod (the callout a token's, the webhook a gated one); nothing else is shared
+    assert _api_calls("authcallout") & _api_calls("admission") == {"read_namespaced_pod"}
 
 
 @pytest.mark.parametrize("value_set", ALL_SETS)
@@ -1048,7 +1060,10 @@ def test_the_admission_webhook_touches_only_its_own_secret_and_webhook_configura
             "apiGroups": ["resource.k8s.io"],
             "resources": ["resourceclaims", "resourceclaimtemplates", "deviceclasses"],
             "verbs": ["get"],
-        }
+        },
+        # the gate timeout: the pods holding the gate, their gate lifted, an Event on each
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     ]
     # the names the code is told to use are the ones the roles grant
     env = {
@@ -1059,6 +1074,16 @@ def test_the_admission_webhook_touches_only_its_own_secret_and_webhook_configura
     assert env["TANGRAM_ADMISSION_WEBHOOK_CONFIGURATION"] == "tangram-admission"
     assert env["TANGRAM_ADMISSION_SERVICE"] == "tangram-admission"
     assert env["TANGRAM_ADMISSION_NAMESPACE"] == "tangram"
+    assert env["TANGRAM_ADMISSION_GATE_TIMEOUT_S"] == "120"
+
+
+def test_the_gate_timeout_is_a_value(helm: Path) -> None:
+    objects = _objects(chart.template(settings={"admission.gateTimeoutSeconds": "0"}, binary=helm))
+    env = {
+        e["name"]: e.get("value")
+        for e in _containers(_one(objects, "Deployment", "admission"))["admission"]["env"]
+    }
+    assert env["TANGRAM_ADMISSION_GATE_TIMEOUT_S"] == "0"
 
 
 def test_the_webhook_never_blocks_pods_and_sees_only_pods_with_claims(

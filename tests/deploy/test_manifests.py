@@ -243,6 +243,12 @@ def test_admission_rbac_is_least_privilege() -> None:
         ("resource.k8s.io", "deviceclasses", "get"),
         ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "get"),
         ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "patch"),
+        # the gate timeout: pods holding the gate, their gate lifted, an Event on each
+        ("", "pods", "get"),
+        ("", "pods", "list"),
+        ("", "pods", "watch"),
+        ("", "pods", "patch"),
+        ("", "events", "create"),
     }
     role = _by_kind("Role", "tangram-admission")
     assert role["metadata"]["namespace"] == "tangram"
