@@ -216,11 +216,20 @@ class Served:
     start: Callable[[], Webhook]  # another process of the webhook with the same settings
 
 
-@pytest.fixture
-async def served(controlplane: ControlPlane, kube: Any, unique: str, tmp_path: Path) -> AsyncIterator[Served]:
-    """The chart's webhook objects for this test's namespace, served by the real process."""
+@contextlib.asynccontextmanager
+async def serving(
+    controlplane: ControlPlane,
+    kube: Any,
+    unique: str,
+    tmp_path: Path,
+    *args: str,
+    make_namespace: bool = True,
+) -> AsyncIterator[Served]:
+    """The chart's webhook objects for this test's namespace (`unique`), served by the real
+    process started with `args` besides the test's own."""
     namespace = unique
-    await call("create namespace", CoreV1Api(kube).create_namespace({"metadata": {"name": namespace}}))
+    if make_namespace:
+        await call("create namespace", CoreV1Api(kube).create_namespace({"metadata": {"name": namespace}}))
     rendered = objects({}, namespace)
     configuration = f"{unique}-admission"
     # cluster-scoped names are made unique: the control plane is shared with other tests
@@ -263,6 +272,7 @@ async def served(controlplane: ControlPlane, kube: Any, unique: str, tmp_path: P
             f"--health-port={health}",
             "--check-interval=1",  # certificates and caBundle checked every second here
             "--log-level=debug",
+            *args,
         ]
         with log.open("ab") as out:
             process = subprocess.Popen(command, stdout=out, stderr=out, start_new_session=True)
@@ -276,9 +286,16 @@ async def served(controlplane: ControlPlane, kube: Any, unique: str, tmp_path: P
         code = state.webhook.stop()
         for obj in reversed(made):
             await delete(kube, obj)
-        with contextlib.suppress(KubeApiError):
-            await call("delete namespace", CoreV1Api(kube).delete_namespace(namespace))
+        if make_namespace:
+            with contextlib.suppress(KubeApiError):
+                await call("delete namespace", CoreV1Api(kube).delete_namespace(namespace))
         assert code == 0, log.read_text()
+
+
+@pytest.fixture
+async def served(controlplane: ControlPlane, kube: Any, unique: str, tmp_path: Path) -> AsyncIterator[Served]:
+    async with serving(controlplane, kube, unique, tmp_path) as state:
+        yield state
 
 
 async def test_the_webhook_gates_only_pods_with_tangram_claims(
