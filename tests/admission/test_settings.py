@@ -36,6 +36,17 @@ def test_the_environment_and_flags_set_everything(monkeypatch: pytest.MonkeyPatc
     assert admission.parse_args(["--cert-host", "b.example"]).hosts() == ("b.example",)
 
 
+def test_the_gate_timeout_defaults_to_two_minutes_and_is_set_by_flag_or_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TANGRAM_ADMISSION_NAMESPACE", "x")
+    assert admission.parse_args([]).gate_timeout_s == 120.0
+    assert admission.parse_args(["--gate-timeout", "0"]).gate_timeout_s == 0.0  # off
+    monkeypatch.setenv("TANGRAM_ADMISSION_GATE_TIMEOUT_S", "30")
+    assert admission.parse_args([]).gate_timeout_s == 30.0
+    assert admission.parse_args(["--gate-timeout=5"]).gate_timeout_s == 5.0
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -45,6 +56,7 @@ def test_the_environment_and_flags_set_everything(monkeypatch: pytest.MonkeyPatc
         ["--max-body-bytes", "10"],
         ["--log-level", "loud"],
         ["--lookup-timeout", "0"],
+        ["--gate-timeout", "-1"],
     ],
 )
 def test_bad_settings_are_refused_with_a_message(
