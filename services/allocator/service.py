@@ -177,13 +177,15 @@ async def lead(ctx: ServiceContext, settings: AllocatorSettings, lease: LeaderLe
     # Renewals start with the lease, not after the rebuild: a long log must not let it expire.
     tasks = [asyncio.create_task(lease.hold(ctx.stop))]
     try:
-        await first(_serve(ctx, settings, tasks), tasks)
+        await first(_serve(ctx, settings, tasks, holder=lease.holder), tasks)
     finally:
         ctx.stop.set()
         await settle(tasks)
 
 
-async def _serve(ctx: ServiceContext, settings: AllocatorSettings, tasks: list[asyncio.Task[None]]) -> None:
+async def _serve(
+    ctx: ServiceContext, settings: AllocatorSettings, tasks: list[asyncio.Task[None]], *, holder: str
+) -> None:
     ledger = await rebuilt_ledger(ctx, settings)
     if ledger is None:
         return
@@ -198,11 +200,17 @@ async def _serve(ctx: ServiceContext, settings: AllocatorSettings, tasks: list[a
     if settings.kubernetes:
         # Imported only when deciding in Kubernetes: the client is slow to import, and an
         # allocator without it starts (and stops) as fast as before.
+        from services.allocator.alive import AliveLease  # noqa: PLC0415 - only with --kubernetes
         from services.allocator.kubernetes import ClaimBridge  # noqa: PLC0415 - only with --kubernetes
+        from tangram.k8s.alive import own_namespace  # noqa: PLC0415 - only with --kubernetes
         from tangram.kube import connect  # noqa: PLC0415 - only with --kubernetes
 
         api = await connect(kubeconfig=settings.kubeconfig)
         tasks.append(asyncio.create_task(_closing(api, ctx.stop)))
+        # Alive while leading: the admission webhook keeps the gates of pods Tangram cannot place
+        # yet while this Lease is fresh, and lifts them only once it goes stale.
+        alive = AliveLease(api, namespace=own_namespace(settings.kubernetes_namespace), holder=holder)
+        tasks.append(asyncio.create_task(alive.run(ctx.stop)))
         bridge = ClaimBridge(api, ledger, ctx.bus.publish, producer=ctx.bus.config.producer)
 
     async def handle(event: Event) -> None:

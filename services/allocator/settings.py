@@ -19,6 +19,8 @@ class AllocatorSettings(ServiceSettings):
     # Decide the cluster's claims: watch ResourceClaims, write status.allocation, remove the gate.
     kubernetes: bool = False
     kubeconfig: Path | None = None  # default: in-cluster service account, then $KUBECONFIG
+    # where the allocator's Lease (tangram-allocator) is kept; None: the pod's own, else tangram-system
+    kubernetes_namespace: str | None = None
 
 
 def parse_settings(argv: list[str] | None = None) -> AllocatorSettings:
@@ -40,6 +42,12 @@ def parse_settings(argv: list[str] | None = None) -> AllocatorSettings:
         help="decide the cluster's ResourceClaims of Tangram's classes (env TANGRAM_KUBERNETES=1)",
     )
     parser.add_argument("--kubeconfig", default=env("TANGRAM_KUBECONFIG"), help="kubeconfig file")
+    parser.add_argument(
+        "--kubernetes-namespace",
+        default=env("TANGRAM_NAMESPACE") or None,
+        help="namespace of the allocator's Lease tangram-allocator (env TANGRAM_NAMESPACE; default: "
+        "the pod's own, else tangram-system)",
+    )
     args = parser.parse_args(argv)
     return AllocatorSettings(
         **service_fields(args),  # type: ignore[arg-type]
@@ -48,4 +56,5 @@ def parse_settings(argv: list[str] | None = None) -> AllocatorSettings:
         reconfigure_foreign_instances=args.reconfigure_foreign_instances,
         kubernetes=args.kubernetes,
         kubeconfig=args.kubeconfig,
+        kubernetes_namespace=args.kubernetes_namespace,
     )

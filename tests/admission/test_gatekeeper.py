@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import CoreV1Api
 
+from services.allocator.alive import AliveLease
 from tangram.admission.gatekeeper import REASON, Expired, GateKeeper, expired_gates, guarded_removal
+from tangram.k8s.alive import ALLOCATOR_LEASE, allocator_alive, lease_spec
 from tangram.k8s.names import SCHEDULING_GATE
 from tangram.kube import KubeApiError, call
 
@@ -113,7 +115,10 @@ async def test_two_replicas_lift_one_gate_once_and_record_one_event(kube: Any, u
         await call("create the pod", core.create_namespaced_pod(unique, body))
         # judged an hour on: the pod has held the gate for longer than the timeout
         later = datetime.now(UTC) + timedelta(hours=1)
-        replicas = [GateKeeper(kube, timeout_s=60, now=lambda: later) for _ in range(2)]
+        # no allocator's Lease in this namespace: the allocator is down
+        replicas = [
+            GateKeeper(kube, timeout_s=60, lease_namespace=unique, now=lambda: later) for _ in range(2)
+        ]
         for replica in replicas:
             await replica.relist()
             assert (unique, "held") in replica.gated
@@ -125,6 +130,90 @@ async def test_two_replicas_lift_one_gate_once_and_record_one_event(kube: Any, u
         ours = [e for e in events.items if e.reason == REASON]
         assert len(ours) == 1
         assert ours[0].involved_object.name == "held" and "60 s" in ours[0].message
+    finally:
+        with contextlib.suppress(KubeApiError):
+            await call("delete namespace", core.delete_namespace(unique))
+
+
+# --- is the allocator alive? ------------------------------------------------------------------
+
+
+def lease(renewed: object, holder: object = "allocator-1") -> dict[str, Any]:
+    return {"metadata": {"name": ALLOCATOR_LEASE}, "spec": {"holderIdentity": holder, "renewTime": renewed}}
+
+
+def test_the_allocator_is_alive_while_its_lease_was_renewed_within_the_timeout() -> None:
+    assert allocator_alive(lease("2026-12-01T11:59:58.500000Z"), NOW, 3)
+    assert allocator_alive(lease("2026-12-01T11:59:57.000000Z"), NOW, 3)  # exactly the timeout
+    assert allocator_alive(lease("2026-12-01T12:00:01Z"), NOW, 3)  # clocks apart: ahead counts
+    assert allocator_alive(lease(NOW - timedelta(seconds=1)), NOW, 3)  # a parsed time
+    assert allocator_alive({"spec": lease_spec("a", NOW)}, NOW, 3)  # as the allocator writes it
+
+
+def test_the_allocator_is_down_with_its_lease_stale_missing_or_unreadable() -> None:
+    assert not allocator_alive(lease("2026-12-01T11:59:56.999000Z"), NOW, 3)  # stale
+    assert not allocator_alive(None, NOW, 3)  # no Lease
+    assert not allocator_alive({}, NOW, 3)
+    assert not allocator_alive({"spec": None}, NOW, 3)
+    assert not allocator_alive({"spec": {"holderIdentity": "a"}}, NOW, 3)  # never renewed
+    assert not allocator_alive(lease(None), NOW, 3)
+    assert not allocator_alive(lease("yesterday"), NOW, 3)  # garbage
+    assert not allocator_alive(lease(12345), NOW, 3)
+    assert not allocator_alive(lease("2026-12-01T11:59:59Z", holder=""), NOW, 3)  # released
+    assert not allocator_alive(lease("2026-12-01T11:59:59Z", holder=None), NOW, 3)
+
+
+@pytest.mark.controlplane
+@pytest.mark.timeout(300)
+async def test_a_fresh_allocator_lease_keeps_the_gate_and_a_stale_one_lifts_it(
+    kube: Any, unique: str
+) -> None:
+    core = CoreV1Api(kube)
+    await call("create namespace", core.create_namespace({"metadata": {"name": unique}}))
+    try:
+        body = {
+            "metadata": {"name": "held"},
+            "spec": {
+                "schedulingGates": [{"name": SCHEDULING_GATE}],
+                "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+            },
+        }
+        await call("create the pod", core.create_namespaced_pod(unique, body))
+        later = datetime.now(UTC) + timedelta(hours=1)
+        clock = [later]
+        alive = AliveLease(kube, namespace=unique, holder="allocator-1", now=lambda: clock[0])
+        await alive.renew()  # created
+        await alive.renew()  # replaced, guarded by the version just written
+        assert alive.renewals == 2
+        keeper = GateKeeper(kube, timeout_s=60, lease_namespace=unique, now=lambda: later)
+        await keeper.relist()
+        written = await keeper.allocator_lease()
+        assert written is not None
+        assert written["spec"]["holderIdentity"] == "allocator-1"
+        assert written["spec"]["leaseDurationSeconds"] > 0
+        # the pod is held an hour past the timeout, but the allocator is alive: the gate stays
+        assert await keeper.judge() == 0
+        pod = await call("read the pod", core.read_namespaced_pod("held", unique))
+        assert [g.name for g in pod.spec.scheduling_gates] == [SCHEDULING_GATE]
+        # someone else writes the Lease: the next renewal is refused, read again, then renews
+        taken = dict(written, spec=dict(written["spec"], holderIdentity="other"))
+        await call(
+            "replace the lease",
+            keeper._coordination.replace_namespaced_lease(ALLOCATOR_LEASE, unique, taken),
+        )
+        before = alive.renewals
+        await alive.renew()
+        await alive.renew()
+        assert alive.renewals == before + 1
+        assert (await keeper.allocator_lease() or {})["spec"]["holderIdentity"] == "allocator-1"
+        # the allocator stops renewing: past the timeout the gate is lifted
+        stale = GateKeeper(
+            kube, timeout_s=60, lease_namespace=unique, now=lambda: later + timedelta(seconds=61)
+        )
+        await stale.relist()
+        assert await stale.judge() == 1
+        pod = await call("read the pod", core.read_namespaced_pod("held", unique))
+        assert not pod.spec.scheduling_gates
     finally:
         with contextlib.suppress(KubeApiError):
             await call("delete namespace", core.delete_namespace(unique))

@@ -195,6 +195,8 @@ def test_the_value_sets_render_what_they_say(rendered: dict[str, list[dict[str, 
         "ServiceAccount/tangram-allocator",
         "ClusterRole/tangram-allocator",
         "ClusterRoleBinding/tangram-allocator",
+        "Role/tangram-allocator",
+        "RoleBinding/tangram-allocator",
         "ServiceAccount/tangram-node",
         "ClusterRole/tangram-node",
         "ClusterRoleBinding/tangram-node",
@@ -612,6 +614,10 @@ CALLS = {
         "read_namespaced_pod": ("", "pods", "get"),
         "patch_namespaced_pod": ("", "pods", "patch"),
         "create_namespaced_event": ("", "events", "create"),
+        # its Lease (tangram-allocator, in its namespace): the allocator is alive
+        "create_namespaced_lease": ("coordination.k8s.io", "leases", "create"),
+        "read_namespaced_lease": ("coordination.k8s.io", "leases", "get"),
+        "replace_namespaced_lease": ("coordination.k8s.io", "leases", "update"),
     },
     "authcallout": {
         "create_token_review": ("authentication.k8s.io", "tokenreviews", "create"),
@@ -643,6 +649,8 @@ CALLS = {
             "mutatingwebhookconfigurations",
             "patch",
         ),
+        # the allocator's Lease, read before any gate is lifted
+        "read_namespaced_lease": ("coordination.k8s.io", "leases", "get"),
     },
 }
 # The code each role's pod runs: the callout its package (python -m tangram.authcallout); the
@@ -1049,9 +1057,20 @@ def test_the_admission_webhook_touches_only_its_own_secret_and_webhook_configura
     objects = rendered["default"]
     role = _one(objects, "Role", "admission")
     assert role["metadata"]["namespace"] == "tangram"
-    by_verb = {verb: rule.get("resourceNames") for rule in role["rules"] for verb in rule["verbs"]}
-    # Kubernetes cannot bind a create to a name; everything else is bound to the one Secret
-    assert by_verb == {"get": ["tangram-admission-tls"], "update": ["tangram-admission-tls"], "create": None}
+    by_verb = {
+        (resource, verb): rule.get("resourceNames")
+        for rule in role["rules"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    # Kubernetes cannot bind a create to a name; everything else is bound to the one Secret, and
+    # the allocator's Lease is only read, by name
+    assert by_verb == {
+        ("secrets", "get"): ["tangram-admission-tls"],
+        ("secrets", "update"): ["tangram-admission-tls"],
+        ("secrets", "create"): None,
+        ("leases", "get"): ["tangram-allocator"],
+    }
     cluster_role = _one(objects, "ClusterRole", "admission")
     (webhooks,) = [r for r in cluster_role["rules"] if "mutatingwebhookconfigurations" in r["resources"]]
     assert webhooks["resourceNames"] == ["tangram-admission"]

@@ -146,6 +146,18 @@ def test_allocator_rbac_is_what_deciding_claims_needs() -> None:
     assert [name for name in rbac if "allocator" in name] == [
         "ClusterRole/tangram-allocator",
         "ClusterRoleBinding/tangram-allocator",
+        "Role/tangram-allocator",
+        "RoleBinding/tangram-allocator",
+    ]
+    # its Lease, in its own namespace: created, then read and renewed by name only
+    role = _by_kind("Role", "tangram-allocator")
+    assert role["metadata"]["namespace"] == "tangram"
+    assert sorted(
+        (rule["apiGroups"], rule["resources"], rule["verbs"], rule.get("resourceNames"))
+        for rule in role["rules"]
+    ) == [
+        (["coordination.k8s.io"], ["leases"], ["create"], None),
+        (["coordination.k8s.io"], ["leases"], ["get", "update"], ["tangram-allocator"]),
     ]
     pod = _by_kind("Deployment", "tangram-allocator")["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is True
@@ -252,7 +264,12 @@ def test_admission_rbac_is_least_privilege() -> None:
     }
     role = _by_kind("Role", "tangram-admission")
     assert role["metadata"]["namespace"] == "tangram"
-    assert _grants(role) == {("", "secrets", "get"), ("", "secrets", "update"), ("", "secrets", "create")}
+    assert _grants(role) == {
+        ("", "secrets", "get"),
+        ("", "secrets", "update"),
+        ("", "secrets", "create"),
+        ("coordination.k8s.io", "leases", "get"),  # the allocator's Lease: is it alive?
+    }
     spec = _by_kind("Deployment", "tangram-admission")["spec"]["template"]["spec"]
     assert spec["serviceAccountName"] == "tangram-admission"
 

@@ -4,8 +4,9 @@ Connects to Kubernetes as its own service account, makes or reuses its certifica
 patches the caBundle of its MutatingWebhookConfiguration, serves HTTPS on --port and health and
 metrics on --health-port, checks the certificates every --check-interval seconds, and stops
 gracefully on SIGTERM (open reviews are answered first). It also removes Tangram's scheduling gate
-from any pod that has held it longer than --gate-timeout seconds (`tangram.admission.gatekeeper`):
-with the allocator down, kube-scheduler then decides the pod's claims and Tangram adopts them.
+from any pod that has held it longer than --gate-timeout seconds while the allocator is down (its
+Lease tangram-allocator in --allocator-namespace missing or not renewed within the timeout;
+`tangram.admission.gatekeeper`): kube-scheduler then decides the pod's claims and Tangram adopts them.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ class AdmissionSettings(BaseModel):
     check_interval_s: float = Field(default=3600.0, gt=0)
     # seconds a pod may hold Tangram's gate before it is removed and kube-scheduler decides; 0: never
     gate_timeout_s: float = Field(default=120.0, ge=0)
+    # where the allocator keeps its Lease (tangram-allocator); None: this webhook's namespace
+    allocator_namespace: str | None = Field(default=None, min_length=1, max_length=63)
     ca_days: int = Field(default=CA_DAYS, ge=2)
     serving_days: int = Field(default=SERVING_DAYS, ge=1)
     work_dir: Path | None = None
@@ -137,6 +140,12 @@ def parse_args(argv: list[str] | None = None) -> AdmissionSettings:
         "removed and kube-scheduler allocates its claims; 0 never removes it "
         "(env TANGRAM_ADMISSION_GATE_TIMEOUT_S)",
     )
+    parser.add_argument(
+        "--allocator-namespace",
+        default=_env("ADMISSION_ALLOCATOR_NAMESPACE") or None,
+        help="namespace of the allocator's Lease tangram-allocator, read before lifting any gate "
+        "(env TANGRAM_ADMISSION_ALLOCATOR_NAMESPACE; default: --namespace)",
+    )
     parser.add_argument("--ca-days", type=int, default=int(_env("ADMISSION_CA_DAYS", str(CA_DAYS)) or 0))
     parser.add_argument(
         "--serving-days", type=int, default=int(_env("ADMISSION_SERVING_DAYS", str(SERVING_DAYS)) or 0)
@@ -168,6 +177,7 @@ def parse_args(argv: list[str] | None = None) -> AdmissionSettings:
             lookup_timeout_s=args.lookup_timeout,
             check_interval_s=args.check_interval,
             gate_timeout_s=args.gate_timeout,
+            allocator_namespace=args.allocator_namespace,
             ca_days=args.ca_days,
             serving_days=args.serving_days,
             work_dir=args.work_dir,
@@ -211,7 +221,15 @@ async def run(settings: AdmissionSettings) -> int:
         lookup_timeout_s=settings.lookup_timeout_s,
         max_body_bytes=settings.max_body_bytes,
     )
-    gates = GateKeeper(api, timeout_s=settings.gate_timeout_s) if settings.gate_timeout_s > 0 else None
+    gates = (
+        GateKeeper(
+            api,
+            timeout_s=settings.gate_timeout_s,
+            lease_namespace=settings.allocator_namespace or settings.namespace,
+        )
+        if settings.gate_timeout_s > 0
+        else None
+    )
     keeping = asyncio.create_task(gates.run(stop)) if gates is not None else None
     if keeping is not None:
         # the gate keeper failing stops the webhook (its error raised below), never silently

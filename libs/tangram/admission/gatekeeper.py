@@ -12,8 +12,14 @@ every claim and holds another writer's allocation as taken), so no device is giv
 Every replica of the webhook runs this, and none needs to lead: the removal is a JSONPatch that
 tests the pod's resourceVersion and the gate's position first, so of two replicas removing the same
 gate one succeeds and the other is refused (409/422), reads the pod again and finds nothing left
-to do. The timeout counts for a pod Tangram could not place as much as for one no allocator saw:
-after it, kube-scheduler decides.
+to do.
+
+Only with the allocator down: a pod Tangram cannot place yet stays pending while the allocator is
+alive (it retries the claim when capacity frees). Each tick the keeper reads the allocator's Lease
+(`tangram-allocator`, which the leading allocator renews every second; `tangram.k8s.alive`): it
+lifts gates only when that Lease is missing or was last renewed longer ago than the gate timeout,
+and then only from pods that have held the gate longer than the timeout (from their creation). A
+Lease it cannot read (other than missing) lifts nothing that tick.
 """
 
 from __future__ import annotations
@@ -28,11 +34,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
-from kubernetes_asyncio.client import CoreV1Api
+from kubernetes_asyncio.client import CoordinationV1Api, CoreV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.watch import Watch
 from prometheus_client import Counter
 
+from tangram.k8s.alive import ALLOCATOR_LEASE, allocator_alive
 from tangram.k8s.claimbridge import warning_event
 from tangram.k8s.gates import holds_gate, remove_gate_patch
 from tangram.kube import KubeApiError, call, call_json
@@ -47,6 +54,11 @@ GATES_TIMED_OUT = Counter(
     "tangram_admission_gates_timed_out_total",
     "Scheduling gates removed because Tangram had not allocated the pod's claims within the gate "
     "timeout (kube-scheduler allocates them instead)",
+)
+GATES_KEPT = Counter(
+    "tangram_admission_gates_kept_total",
+    "Pods held past the gate timeout whose gate stays because the allocator is alive (its Lease "
+    "is fresh): Tangram retries their claims when capacity frees",
 )
 
 
@@ -111,12 +123,15 @@ class GateKeeper:
         api: Any,
         *,
         timeout_s: float,
+        lease_namespace: str,
         request_timeout_s: float = 10.0,
         watch_timeout_s: int = 300,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._core = CoreV1Api(api)
+        self._coordination = CoordinationV1Api(api)
         self.timeout_s = timeout_s
+        self.lease_namespace = lease_namespace
         self._request_timeout = request_timeout_s
         self._watch_timeout = watch_timeout_s
         self._now = now
@@ -144,16 +159,53 @@ class GateKeeper:
             with contextlib.suppress(asyncio.CancelledError):
                 await follow
 
+    async def allocator_lease(self) -> dict[str, Any] | None:
+        """The allocator's Lease as the API server holds it; None when there is none."""
+        try:
+            return await call_json(
+                f"read Lease {self.lease_namespace}/{ALLOCATOR_LEASE}",
+                self._coordination.read_namespaced_lease(
+                    ALLOCATOR_LEASE,
+                    self.lease_namespace,
+                    _preload_content=False,
+                    _request_timeout=self._request_timeout,
+                ),
+            )
+        except KubeApiError as error:
+            if error.not_found:
+                return None
+            raise
+
     async def judge(self) -> int:
-        """Remove the gate of every pod held past the timeout; how many were removed."""
+        """Remove the gate of every pod held past the timeout, when the allocator is down; how many
+        were removed."""
+        expired = expired_gates(list(self.gated.values()), self._now(), self.timeout_s)
+        if not expired:
+            return 0
+        try:
+            lease = await self.allocator_lease()
+        except KubeApiError as error:
+            log.warning(
+                "cannot read the allocator's Lease: no gate is lifted this time",
+                extra={"error": str(error)},
+            )
+            return 0
+        if allocator_alive(lease, self._now(), self.timeout_s):
+            for kept in expired:
+                GATES_KEPT.inc()
+                log.debug(
+                    "scheduling gate kept past the timeout: the allocator is alive",
+                    extra={"pod": f"{kept.namespace}/{kept.name}", "held_s": round(kept.held_s, 1)},
+                )
+            return 0
         removed = 0
-        for expired in expired_gates(list(self.gated.values()), self._now(), self.timeout_s):
+        for expired_pod in expired:
             try:
-                removed += await self._release(expired)
+                removed += await self._release(expired_pod)
             except KubeApiError as error:
                 log.warning(
                     "cannot remove a timed-out scheduling gate",
-                    extra={"pod": f"{expired.namespace}/{expired.name}", "error": str(error)},
+                    extra={"pod": f"{expired_pod.namespace}/{expired_pod.name}", "error": str(error)},
                 )
         return removed
 
@@ -264,7 +316,7 @@ class GateKeeper:
             self._seen("MODIFIED", pod)
             GATES_TIMED_OUT.inc()
             log.warning(
-                "scheduling gate removed: Tangram did not allocate in time, kube-scheduler decides",
+                "scheduling gate removed: the allocator is down past the timeout, kube-scheduler decides",
                 extra={"pod": f"{namespace}/{name}", "held_s": round(judged[0].held_s, 1)},
             )
             await self._record(pod)
@@ -276,8 +328,9 @@ class GateKeeper:
         namespace, name = _key(pod)
         suffix = hashlib.sha256(f"{metadata.get('uid', '')}/{REASON}".encode()).hexdigest()[:16]
         message = (
-            f"Tangram did not allocate this pod's claims within {self.timeout_s:g} s: its scheduling "
-            "gate is removed and kube-scheduler decides (Tangram adopts its allocation)"
+            f"Tangram did not allocate this pod's claims within {self.timeout_s:g} s and its allocator "
+            "is down: the scheduling gate is removed and kube-scheduler decides (Tangram adopts "
+            "its allocation)"
         )
         event = warning_event(
             pod,
