@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from services.allocator.settings import parse_settings
 from tangram.admission import __main__ as admission
+from tangram.k8s import alive
 
 
 def test_defaults_name_the_service_in_its_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -74,3 +76,29 @@ def test_outside_a_pod_the_namespace_is_required(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(admission, "SERVICE_ACCOUNT_NAMESPACE", tmp_path / "absent")
     with pytest.raises(SystemExit):
         admission.parse_args([])
+
+
+def test_the_allocators_lease_is_read_in_the_webhooks_namespace_unless_told(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TANGRAM_ADMISSION_NAMESPACE", "x")
+    assert admission.parse_args([]).allocator_namespace is None  # the webhook's own: x
+    assert admission.parse_args(["--allocator-namespace=gpu"]).allocator_namespace == "gpu"
+    monkeypatch.setenv("TANGRAM_ADMISSION_ALLOCATOR_NAMESPACE", "tangram")
+    assert admission.parse_args([]).allocator_namespace == "tangram"
+
+
+def test_the_allocator_keeps_its_lease_in_the_namespace_given_else_its_own(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("TANGRAM_NAMESPACE", raising=False)
+    assert parse_settings([]).kubernetes_namespace is None
+    assert parse_settings(["--kubernetes-namespace=gpu"]).kubernetes_namespace == "gpu"
+    monkeypatch.setenv("TANGRAM_NAMESPACE", "tangram")
+    assert parse_settings([]).kubernetes_namespace == "tangram"
+    # unset: the pod's own namespace, else tangram-system
+    monkeypatch.setattr(alive, "SERVICE_ACCOUNT_NAMESPACE", tmp_path / "namespace")
+    assert alive.own_namespace(None) == "tangram-system"
+    (tmp_path / "namespace").write_text("gpu-operators\n")
+    assert alive.own_namespace(None) == "gpu-operators"
+    assert alive.own_namespace("given") == "given"
