@@ -49,7 +49,9 @@ class AliveLease:
         while not stop.is_set():
             try:
                 await self.renew()
-            except KubeApiError as error:
+            except (KubeApiError, RuntimeError) as error:  # RuntimeError: the client closed under it
+                if stop.is_set():
+                    return
                 self._lease = None  # read afresh next time
                 if not failing:
                     log.warning(

@@ -16,7 +16,6 @@ The pure rules (whose claim is it, what is written) are in `tangram.k8s.claimbri
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -149,8 +148,15 @@ class ClaimBridge:
             for task in tasks:
                 task.cancel()
             for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
+                try:
                     await task
+                except asyncio.CancelledError:
+                    pass
+                except Exception:
+                    # Stopping closes the client under a watch still reading ("Connection
+                    # closed."): only a failure while running is the allocator's.
+                    if not stop.is_set():
+                        raise
 
     async def _follow(
         self,
