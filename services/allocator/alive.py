@@ -43,6 +43,7 @@ class AliveLease:
         self._now = now
         self._lease: dict[str, Any] | None = None  # as last read or written
         self.renewals = 0
+        self.failures = 0  # renewals that failed (and were tried again)
 
     async def run(self, stop: asyncio.Event) -> None:
         failing = False
@@ -52,6 +53,7 @@ class AliveLease:
             except (KubeApiError, RuntimeError) as error:  # RuntimeError: the client closed under it
                 if stop.is_set():
                     return
+                self.failures += 1
                 self._lease = None  # read afresh next time
                 if not failing:
                     log.warning(
