@@ -511,7 +511,7 @@ class Bus:
         """
         info = await self._api(lambda: self._js.stream_info(stream), f"stream info {stream}", retry_s=10)
         last_seq = info.state.last_seq
-        if last_seq == 0 or (start_seq is not None and start_seq > last_seq):
+        if last_seq == 0 or not info.state.messages or (start_seq is not None and start_seq > last_seq):
             return
         inbox = self._nc.new_inbox()
         # Delivered messages land in a list that the reader swaps out whole: a queue operation per
@@ -549,7 +549,11 @@ class Bus:
             consumer = await self._api(
                 lambda: self._js.add_consumer(stream, config), f"replay consumer on {stream}", retry_s=10
             )
-            if consumer.num_pending == 0:
+            # An unfiltered replay ends at the last sequence the stream's leader reported. The
+            # consumer may be placed on a replica still catching up (a server just restarted): its
+            # own count of what is pending would end the replay early, missing the newest events.
+            whole = not subjects and start_time is None
+            if consumer.num_pending == 0 and not whole:
                 return
             while True:
                 if not arrived:
@@ -564,7 +568,7 @@ class Bus:
                     if sequence > last_seq:
                         return
                     yield sequence, msg
-                    if pending == 0 or sequence >= last_seq:
+                    if sequence >= last_seq or (pending == 0 and not whole):
                         return
         finally:
             with contextlib.suppress(Exception):
