@@ -21,9 +21,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-import aiohttp
 from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
-from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.watch import Watch
 
 from tangram.allocation.ledger import Ledger
@@ -56,7 +54,7 @@ from tangram.k8s.claimbridge import (
     uses_claim,
     warning_event,
 )
-from tangram.kube import KubeApiError, call, call_json
+from tangram.kube import WATCH_ERRORS, KubeApiError, call, call_json, relist_delay
 from tangram.service import first
 
 log = logging.getLogger("tangram.allocator.kubernetes")
@@ -179,16 +177,9 @@ class ClaimBridge:
                     self.synced.set()
                 failures = 0
                 await watch(version)
-            except (
-                KubeApiError,
-                ApiException,
-                aiohttp.ClientError,
-                TimeoutError,
-                OSError,
-                ValueError,
-            ) as error:
+            except WATCH_ERRORS as error:
                 failures += 1
-                delay = min(5.0, 0.2 * 2 ** min(failures, 5))
+                delay = relist_delay(failures)
                 log.warning(
                     f"{kind} watch ended; listing again",
                     extra={"error": f"{type(error).__name__}: {error}", "retry_in_s": delay},

@@ -33,16 +33,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import aiohttp
 from kubernetes_asyncio.client import CoordinationV1Api, CoreV1Api
-from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.watch import Watch
 from prometheus_client import Counter
 
 from tangram.k8s.alive import ALLOCATOR_LEASE, allocator_alive
 from tangram.k8s.claimbridge import warning_event
 from tangram.k8s.gates import holds_gate, remove_gate_patch
-from tangram.kube import KubeApiError, call, call_json
+from tangram.kube import WATCH_ERRORS, KubeApiError, call, call_json, relist_delay
 
 log = logging.getLogger("tangram.admission.gatekeeper")
 
@@ -248,16 +246,9 @@ class GateKeeper:
                         obj = change["raw_object"]
                         if isinstance(obj, dict) and isinstance(obj.get("metadata"), dict):
                             self._seen(str(change["type"]), obj)
-            except (
-                KubeApiError,
-                ApiException,
-                aiohttp.ClientError,
-                TimeoutError,
-                OSError,
-                ValueError,
-            ) as error:
+            except WATCH_ERRORS as error:
                 failures += 1
-                delay = min(5.0, 0.2 * 2 ** min(failures, 5))
+                delay = relist_delay(failures)
                 log.warning(
                     "pods watch ended; listing again",
                     extra={"error": f"{type(error).__name__}: {error}", "retry_in_s": delay},

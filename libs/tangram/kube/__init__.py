@@ -1,11 +1,20 @@
 """Kubernetes API adapter: the only package that talks to the API server (through kubernetes_asyncio)."""
 
-from tangram.kube.client import KubeApiError, KubeConfigError, call, call_json, connect
+from tangram.kube.client import (
+    WATCH_ERRORS,
+    KubeApiError,
+    KubeConfigError,
+    call,
+    call_json,
+    connect,
+    relist_delay,
+)
 from tangram.kube.layout import LayoutError, SliceLayout, detect_layout
 from tangram.kube.slices import SPEC_HASH_ANNOTATION, SliceInputError, SlicePublisher, SyncReport, spec_hash
 
 __all__ = [
     "SPEC_HASH_ANNOTATION",
+    "WATCH_ERRORS",
     "KubeApiError",
     "KubeConfigError",
     "LayoutError",
@@ -17,5 +26,6 @@ __all__ = [
     "call_json",
     "connect",
     "detect_layout",
+    "relist_delay",
     "spec_hash",
 ]

@@ -49,6 +49,23 @@ class KubeApiError(Exception):
         return self.status == 404
 
 
+# What ends a list-and-watch loop for a while, not for good: the loop lists again after
+# `relist_delay`. A watch stream that breaks surfaces as any of these, depending on where it broke.
+WATCH_ERRORS: tuple[type[BaseException], ...] = (
+    KubeApiError,
+    ApiException,
+    aiohttp.ClientError,
+    TimeoutError,
+    OSError,
+    ValueError,
+)
+
+
+def relist_delay(failures: int) -> float:
+    """Seconds before listing again after `failures` watch breaks in a row: 0.4 s doubling to 5 s."""
+    return min(5.0, 0.2 * 2.0 ** min(failures, 5))
+
+
 class KubeConfigError(ValueError):
     """No usable connection settings: the message says which source was tried and why it failed."""
 
