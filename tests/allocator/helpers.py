@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from tangram.allocation import DeviceClass
 from tangram.events import ClaimRequested, NodeHardware, NodeInventory, subject_token
+from tangram.k8s.deviceclasses import load_shipped_device_classes
 from tangram.nvml import SimNvml
 from tangram.nvml.inventory import read_node_hardware
+
+# The shipped DeviceClasses, by name: what the allocator decides with by default.
+CLASSES = {c.name: c for c in (DeviceClass.from_manifest(m) for m in load_shipped_device_classes())}
 
 
 def hardware(machine: str, node: str) -> NodeHardware:

@@ -8,7 +8,7 @@ import msgspec
 import pynvml
 import pytest
 
-from tangram.allocation import DeviceClass, FleetState
+from tangram.allocation import FleetState
 from tangram.allocation.ledger import Ledger
 from tangram.allocation.model import Allocated, Claim
 from tangram.cdi import InvalidName, validate_claim_uid
@@ -24,14 +24,11 @@ from tangram.events import (
     PartitionFailed,
     PartitionRequested,
 )
-from tangram.k8s.deviceclasses import load_shipped_device_classes
 from tangram.nvml import SimNvml, parse_mig_minors, render_mig_minors
 from tangram.nvml.inventory import read_node_hardware
 from tangram.partitioning import MigExecutor
 
-from .helpers import gpus, hardware, inventory, mig, request
-
-CLASSES = {c.name: c for c in (DeviceClass.from_manifest(m) for m in load_shipped_device_classes())}
+from .helpers import CLASSES, gpus, hardware, inventory, mig, request
 
 
 def ledger() -> Ledger:
@@ -114,15 +111,15 @@ def test_release_destroys_the_claims_mig_instance_once() -> None:
     # Delivered again before any result: the same command (same Msg-Id), which the node runs once.
     [again] = book.apply(release)
     assert again.event_id == destroy.event_id and again.command_id == destroy.command_id
-    book.apply(_destroyed(destroy))
+    book.apply(_applied(destroy, destroy.mig_uuid))
     assert book.apply(release) == []
 
 
-def _destroyed(command: PartitionRequested) -> PartitionApplied:
+def _applied(command: PartitionRequested, mig_uuid: str) -> PartitionApplied:
     return PartitionApplied(
-        key=command.key, command_id=command.command_id, node=command.node, action="destroy",
+        key=command.key, command_id=command.command_id, node=command.node, action=command.action,
         gpu_uuid=command.gpu_uuid, gpu_index=command.gpu_index, profile=command.profile,
-        placement=command.placement, claim_uid=command.claim_uid, mig_uuid=command.mig_uuid,
+        placement=command.placement, claim_uid=command.claim_uid, mig_uuid=mig_uuid,
     )  # fmt: skip
 
 
@@ -152,7 +149,7 @@ def test_a_release_folded_at_rebuild_but_never_acted_on_sends_its_destroys_when_
 
     # Once the log holds the destroy's result, a rebuild has nothing left to send for it.
     rebuilt = ledger()
-    for event in [*log, _destroyed(destroy)]:
+    for event in [*log, _applied(destroy, destroy.mig_uuid)]:
         rebuilt.apply(event, live=False)
     assert rebuilt.apply(release) == []
     assert rebuilt.unanswered_destroys == {}
@@ -516,14 +513,6 @@ def test_a_gpu_instance_without_its_compute_instance_is_never_handed_out() -> No
     assert isinstance(allocated, ClaimAllocated)
     [device] = allocated.devices
     assert device.gpu_index != 0 and device.partition_command
-
-
-def _applied(command: PartitionRequested, mig_uuid: str) -> PartitionApplied:
-    return PartitionApplied(
-        key=command.key, command_id=command.command_id, node=command.node, action=command.action,
-        gpu_uuid=command.gpu_uuid, gpu_index=command.gpu_index, profile=command.profile,
-        placement=command.placement, claim_uid=command.claim_uid, mig_uuid=mig_uuid,
-    )  # fmt: skip
 
 
 def test_a_rebuild_never_takes_an_older_destroy_for_the_destroy_of_a_later_instance() -> None:

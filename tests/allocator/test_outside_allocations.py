@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tangram.allocation import DeviceClass, FleetState
+from tangram.allocation import FleetState
 from tangram.allocation.ledger import Ledger
 from tangram.events import (
     ClaimAllocated,
@@ -18,11 +18,9 @@ from tangram.events import (
     PreparedDevice,
     subject_token,
 )
-from tangram.k8s.deviceclasses import load_shipped_device_classes
 
-from .helpers import inventory, request
+from .helpers import CLASSES, inventory, request
 
-CLASSES = {c.name: c for c in (DeviceClass.from_manifest(m) for m in load_shipped_device_classes())}
 NODE = "n1"
 KUBE_UID = "7a1c0000-0000-4000-8000-00000000beef"
 

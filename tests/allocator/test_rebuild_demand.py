@@ -7,14 +7,12 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from tangram.allocation import DeviceClass, FleetState
+from tangram.allocation import FleetState
 from tangram.allocation.ledger import Ledger
 from tangram.events import ClaimAllocated, ClaimFailed, ClaimReleased, Event
-from tangram.k8s.deviceclasses import load_shipped_device_classes
 
-from .helpers import gpus, inventory, mig, request
+from .helpers import CLASSES, gpus, inventory, mig, request
 
-CLASSES = {c.name: c for c in (DeviceClass.from_manifest(m) for m in load_shipped_device_classes())}
 INVENTORIES = [
     inventory("hgx-h200", "n-hgx"),
     inventory("h100-nvl-4x2", "n-nvl"),

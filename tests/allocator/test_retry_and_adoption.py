@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from tangram.allocation import DeviceClass, FleetState
+from tangram.allocation import FleetState
 from tangram.allocation.ledger import Ledger
 from tangram.eventlog.records import EventLog, LogHeader, LogRecord, extents, record
 from tangram.eventlog.replay import replay
@@ -21,11 +21,8 @@ from tangram.events import (
     PartitionRequested,
     encode,
 )
-from tangram.k8s.deviceclasses import load_shipped_device_classes
 
-from .helpers import gpus, inventory, mig, request
-
-CLASSES = {c.name: c for c in (DeviceClass.from_manifest(m) for m in load_shipped_device_classes())}
+from .helpers import CLASSES, gpus, inventory, mig, request
 
 
 def ledger() -> Ledger:
