@@ -61,7 +61,10 @@ def test_allocate_prints_decisions_and_summary(
     assert lines[0]["status"] == "allocated" and lines[0]["node"] == "l-0"
     assert [d["gpu"] for d in lines[0]["devices"]] == [0, 1]
     assert lines[1]["status"] == "failed"
-    assert lines[1]["reason"] == "0/2 nodes fit: 2 nodes: not enough free GPUs or MIG slices"
+    assert (
+        lines[1]["reason"]
+        == '0/2 nodes fit: 2 nodes: request "gpus": only 8 devices of this hardware match (needs 9)'
+    )
     assert lines[2]["node"] == "l-0"
     summary = lines[3]["summary"]
     assert summary["admitted"] == 2 and summary["failed"] == 1

@@ -132,7 +132,11 @@ def test_exact_count(count: int | None, allocated: int) -> None:
 def test_exact_count_more_than_a_node_has_fails_with_counts() -> None:
     state = fleet(hgx("n1"), hgx("n2"))
     decision = state.allocate(claim("c", request(count=9)), CLASSES)
-    assert reason_of(decision) == "0/2 nodes fit: 2 nodes: not enough free GPUs or MIG slices"
+    assert reason_of(decision) == (
+        '0/2 nodes fit: 2 nodes: request "gpus": only 8 devices of this hardware match (needs 9)'
+    )
+    # No node could hold it were everything free: not capacity that a release could give back.
+    assert isinstance(decision, Failed) and decision.cause == "hardware"
 
 
 def test_all_mode_takes_every_matching_device() -> None:

@@ -118,7 +118,7 @@ def test_explain_a_claim_that_failed(recorded: Path) -> None:
     assert report["understood"]["requests"][0]["alternatives"][0]["count"] == 16
     assert report["understood"]["requests"][0]["alternatives"][0]["device_class"] == "gpu.tangram.dev"
     # The engine's explanation gives the same rejection as the failure message, word for word.
-    assert "not enough free GPUs or MIG slices" in json.dumps(report["candidates"])
+    assert "only 8 devices of this hardware match (needs 16)" in json.dumps(report["candidates"])
     assert report["devices"] == [] and report["commands"] == []
     assert [s["step"] for s in report["steps"]] == ["requested", "decided"]
     text = tangram("explain", "ml/too-big", "--log", str(recorded))

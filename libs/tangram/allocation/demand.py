@@ -6,6 +6,9 @@ of one kind are interchangeable for placement, so the mix says how much of each 
 should keep room for. Each claim noted adds 1 to its kind; every weight decays by DECAY per claim
 noted, so the mix follows a workload that changes (half-life about 350 claims).
 
+A claim is counted as it is decided, its own kind included, and taken out again when the
+decision shows it says nothing about demand (`counts_as_demand`).
+
 The prior stands in for history the allocator has not seen (a fresh cluster): a small fixed
 pseudo-demand, PRIOR_CLAIMS claims in all, over whole GPUs of 1/2/4/8 (multi-GPU ones on NVLink)
 and MIG devices of the 1g, 2g, 3g and 4g profiles. It never decays, so it fades relative to real demand
@@ -17,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tangram.allocation.model import Allocated, Decision
 from tangram.allocation.requests import Alternative, ResolvedClaim, covers
 
 DECAY = 0.998
@@ -57,6 +61,14 @@ class ClaimKind:
         return repr(self.key)
 
 
+def counts_as_demand(decision: Decision) -> bool:
+    """A claim enters the mix once decided: when it was allocated, or failed only for want of free
+    capacity. A claim at fault, or one no node could ever hold, says nothing about what the fleet
+    should keep room for, and counting it would let one tenant's hostile claims shift every other
+    tenant's placements."""
+    return isinstance(decision, Allocated) or decision.cause == "capacity"
+
+
 def prior_kinds() -> tuple[tuple[ClaimKind, float], ...]:
     out = []
     for kind, size, nvlink, share in PRIOR:
@@ -95,6 +107,14 @@ def claim_kind(claim: ResolvedClaim) -> ClaimKind | None:
     return ClaimKind(key, label, alt, alt.count, nvlink, bandwidth)
 
 
+@dataclass(frozen=True, slots=True)
+class DemandSaved:
+    value: dict[tuple[Any, ...], float]
+    growth: float
+    ticks: int
+    kinds: dict[tuple[Any, ...], ClaimKind]
+
+
 class Demand:
     """Decayed claim counts per kind. Pure: the same claims noted in the same order give the same
     weights, bit for bit, which is what lets a rebuilt allocator decide as the one that died."""
@@ -123,6 +143,18 @@ class Demand:
             self.kinds[kind.key] = kind
         self._value[kind.key] = self._value.get(kind.key, 0.0) + self._growth
         return new
+
+    def saved(self) -> DemandSaved:
+        return DemandSaved(dict(self._value), self._growth, self.ticks, dict(self.kinds))
+
+    def restore(self, saved: DemandSaved) -> None:
+        """Back to exactly the weights saved: the same floats, not a recomputation of them."""
+        self._value, self._growth, self.ticks, self.kinds = (
+            dict(saved.value),
+            saved.growth,
+            saved.ticks,
+            dict(saved.kinds),
+        )
 
     def weight(self, key: tuple[Any, ...]) -> float:
         """Expected claims of this kind: decayed count plus prior."""

@@ -20,6 +20,20 @@ from tangram.dra.model import Device, DeviceTaint
 class Eligible:
     devices: tuple[int, ...]
     reason: str  # why the set is empty; "" when it is not
+    # A selector failed to evaluate on a device ("" when none did): the claim that asked fails
+    # with it, and for every other use (demand, supply) the selection holds no device. An error is
+    # a value here, never an exception, so that one claim's selector cannot fail another's decision.
+    # The set is cached for every alternative with the same class and selectors, so the error
+    # names its selector by position: each claim's message then names its own request.
+    error: str = ""
+    error_selector: int = 0
+
+    def for_claim(self, alt: Alternative) -> Eligible:
+        """The set as the claim asking for `alt` sees it: a selector's error fails that claim."""
+        if self.error:
+            where = alt.selectors[self.error_selector][0]
+            raise ClaimError(f'request "{alt.result_name}": {where}: CEL runtime error: {self.error}')
+        return self
 
 
 def tolerated(taint: DeviceTaint, tolerations: Sequence[DeviceToleration]) -> bool:
@@ -40,16 +54,15 @@ def _selection(alt: Alternative) -> str:
 
 
 def evaluate(alt: Alternative, devices: Sequence[Device], driver: str) -> Eligible:
-    """Raises ClaimError on a CEL runtime error: Kubernetes fails the claim, it does not skip the device."""
+    """On a CEL runtime error the set is empty and carries the error: Kubernetes fails the claim,
+    it does not skip the device (`Eligible.for_claim` raises it for the claim that asked)."""
     by_selector: list[int] = []
     for index, device in enumerate(devices):
-        for where, selector in alt.selectors:
+        for position, (_, selector) in enumerate(alt.selectors):
             try:
                 ok = selector.matches(device, driver)
             except CelRuntimeError as error:
-                raise ClaimError(
-                    f'request "{alt.result_name}": {where}: CEL runtime error: {error}'
-                ) from None
+                return Eligible((), "", error=str(error), error_selector=position)
             if not ok:
                 break
         else:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, insort
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 
 from tangram import DRIVER_NAME
-from tangram.allocation.demand import ClaimKind, claim_kind
+from tangram.allocation.demand import ClaimKind, claim_kind, counts_as_demand
 from tangram.allocation.eligibility import EligibilityCache, Eligible, evaluate
 from tangram.allocation.model import (
     Allocated,
@@ -38,7 +38,7 @@ from tangram.allocation.solver import Solution, solve
 from tangram.allocation.spec import DeviceClass, parse_claim_spec
 from tangram.allocation.templates import DeviceTemplates
 from tangram.dra.model import Device
-from tangram.events.catalogue import AllocatedDevice
+from tangram.events.catalogue import AllocatedDevice, FailureCause
 from tangram.events.inventory import MigPlacement, NodeHardware
 from tangram.k8s.names import InvalidName, validate_claim_uid
 
@@ -195,23 +195,47 @@ class FleetState:
         except InvalidName as error:
             # The node names CDI files after the uid and refuses this one: holding devices for it
             # would hold them for a claim that can never be prepared.
-            return Failed(claim_uid=claim.uid, reason=f"invalid claim: {error}; no node can prepare it")
+            return Failed(
+                claim_uid=claim.uid,
+                reason=f"invalid claim: {error}; no node can prepare it",
+                cause="claim",
+            )
         try:
             spec = parse_claim_spec(claim.spec)
-        except ValueError as error:
-            return Failed(claim_uid=claim.uid, reason=f"invalid claim: {error}")
-        try:
             resolved = resolve(spec, classes, self.driver)
-            kind = self._note(claim.uid, resolved)
-            return self._place(claim, resolved, policy, explain, kind)
+        except ValueError as error:
+            return Failed(claim_uid=claim.uid, reason=f"invalid claim: {error}", cause="claim")
         except ClaimError as error:
-            return Failed(claim_uid=claim.uid, reason=str(error))
+            return Failed(claim_uid=claim.uid, reason=str(error), cause="claim")
+        # The claim's own kind counts while it is placed; taken back out, exactly, when the
+        # decision shows the claim says nothing about demand.
+        kind, undo = self._note(claim.uid, resolved)
+        decision: Decision
+        try:
+            decision = self._place(claim, resolved, policy, explain, kind)
+        except ClaimError as error:
+            decision = Failed(claim_uid=claim.uid, reason=str(error), cause="claim")
+        except Exception as error:
+            # Nothing is held before _commit's last steps, so the fleet is as it was: the claim
+            # fails alone and the next one is decided.
+            decision = Failed(
+                claim_uid=claim.uid,
+                reason=(
+                    f"Tangram could not decide this claim (internal error: {type(error).__name__}: "
+                    f"{error}); nothing was allocated. Report it with the claim's spec."
+                ),
+                cause="internal",
+            )
+        if undo is not None and not counts_as_demand(decision):
+            undo()
+            self._noted.discard(claim.uid)
+        return decision
 
     def note_demand(self, claim: Claim, classes: Mapping[str, DeviceClass]) -> None:
         """Count a claim read from the log in the demand mix, as allocate() did when it was live.
 
-        The mix is part of the allocator's fold: a rebuild notes every claim request in log order,
-        so the rebuilt allocator weighs placements exactly as the one that died.
+        The mix is part of the allocator's fold: a rebuild notes each claim at its decision, in
+        log order, so the rebuilt allocator weighs placements exactly as the one that died.
         """
         if claim.uid in self._noted:
             return
@@ -221,13 +245,13 @@ class FleetState:
             return
         self._note(claim.uid, resolved)
 
-    def _note(self, uid: str, resolved: ResolvedClaim) -> ClaimKind | None:
+    def _note(self, uid: str, resolved: ResolvedClaim) -> tuple[ClaimKind | None, Callable[[], None] | None]:
+        """The claim's kind, counted in the demand mix unless it was before; with what undoes it."""
         kind = claim_kind(resolved)
-        if uid not in self._noted:
-            self._noted.add(uid)
-            if kind is not None:
-                self._index.note(kind)
-        return kind
+        if uid in self._noted:
+            return kind, None
+        self._noted.add(uid)
+        return kind, None if kind is None else self._index.note(kind)
 
     def release(self, claim_uid: str, *, destroy_mig: bool = True) -> Release:
         """Free the claim's devices; with destroy_mig, its MIG instances are returned for destruction."""
@@ -329,6 +353,10 @@ class FleetState:
 
     # --- placement ------------------------------------------------------------------------------
 
+    def _eligible_for(self, node: NodeState, alt: Alternative) -> Eligible:
+        """What the claim asking for `alt` may take on the node: raises its selector's error."""
+        return self._eligible_on(node, alt).for_claim(alt)
+
     def _eligible_on(self, node: NodeState, alt: Alternative) -> Eligible:
         key: tuple[Any, ...] = (
             (alt.cache_key, node.name, node.generation)
@@ -342,8 +370,10 @@ class FleetState:
         return found
 
     def _candidates(
-        self, claim: ResolvedClaim, policy: Policy, rejected: Counter[str]
+        self, claim: ResolvedClaim, policy: Policy, rejected: Counter[str], hardware: set[str]
     ) -> Iterator[NodeState]:
+        """Nodes that may fit the claim, in policy order. Reasons for the others go to `rejected`;
+        those that no state of the node's hardware could change are also put in `hardware`."""
         self._reindex_changed()
         streams: list[Iterator[tuple[Any, ...]]] = []
         spread = policy == "tangram" and claim.spread
@@ -359,7 +389,7 @@ class FleetState:
                 sizes: list[int] = []
                 reasons: list[str] = []
                 for alt in request.alternatives:
-                    found = None if alt.node_scoped else self._eligible_on(sample, alt)
+                    found = None if alt.node_scoped else self._eligible_for(sample, alt)
                     if found is not None and found.reason:
                         reasons.append(f'request "{alt.result_name}": {found.reason}')
                     sizes.append(-1 if found is None else len(found.devices))
@@ -379,6 +409,13 @@ class FleetState:
                         "of this hardware are NVLink-connected pairwise"
                     )
                     break
+                matching = len(self._eligible_on(sample, alt).devices)
+                if matching < alt.count:
+                    shape_reason = (
+                        f'request "{alt.result_name}": only {matching} device'
+                        f"{'s' if matching != 1 else ''} of this hardware match (needs {alt.count})"
+                    )
+                    break
                 kinds = {sample.shape.devices[d].kind for d in self._eligible_on(sample, alt).devices}
                 if kinds == {"gpu"}:
                     need_whole += alt.count
@@ -390,6 +427,7 @@ class FleetState:
             members = sum(len(v) for v in buckets.values())
             if shape_reason:
                 rejected[shape_reason] += members
+                hardware.add(shape_reason)
                 continue
             for (free_whole, run), names in buckets.items():
                 fits = free_whole >= need_whole and (
@@ -415,11 +453,12 @@ class FleetState:
             if decided is not None:
                 return decided
         rejected: Counter[str] = Counter()
+        hardware: set[str] = set()
         notes: list[str] = []
         best: tuple[NodeState, Solution] | None = None
         feasible = 0
-        for node in self._candidates(resolved, policy, rejected):
-            outcome = solve(node, resolved, partial(self._eligible_on, node), scored=policy == "tangram")
+        for node in self._candidates(resolved, policy, rejected, hardware):
+            outcome = solve(node, resolved, partial(self._eligible_for, node), scored=policy == "tangram")
             if isinstance(outcome, str):
                 rejected[outcome] += 1
                 if explain:
@@ -442,7 +481,10 @@ class FleetState:
             reason = f"0/{len(self._nodes)} nodes fit" + (f": {summary}" if summary else "")
             if explain:
                 notes.extend(f"{count} nodes: {reason}" for reason, count in sorted(rejected.items()))
-            return Failed(claim_uid=claim.uid, reason=reason, explanation=notes)
+            # Every node turned down for what its hardware is (or no node at all): freed
+            # capacity cannot help, a new node might.
+            cause: FailureCause = "hardware" if set(rejected) <= hardware else "capacity"
+            return Failed(claim_uid=claim.uid, reason=reason, explanation=notes, cause=cause)
         if explain:
             notes.append(f"chosen {best[0].name}")
             notes.extend(f"{count} nodes: {reason}" for reason, count in sorted(rejected.items()))
@@ -467,13 +509,42 @@ class FleetState:
             saved = set(choice.node.destroying)
             choice.node.set_destroying(saved | {(g, inst.profile_id, inst.start) for g, inst in needed})
             destroy = [_destroy_plan(choice.node, g, inst) for g, inst in needed]
+        decided: Allocated | None = None
+        try:
+            decided = self._settle(
+                claim,
+                resolved,
+                choice,
+                kind=kind,
+                explain=explain,
+                destroy=destroy,
+                ranked=ranked,
+                rejected=rejected,
+            )
+        finally:
+            # Not placed there (or failed on the way): the instances marked are not destroyed.
+            if decided is None and saved is not None:
+                choice.node.set_destroying(saved)
+        return decided
+
+    def _settle(
+        self,
+        claim: Claim,
+        resolved: ResolvedClaim,
+        choice: Choice,
+        *,
+        kind: ClaimKind,
+        explain: bool,
+        destroy: list[PartitionPlan],
+        ranked: list[Choice] | None,
+        rejected: dict[str, int],
+    ) -> Allocated | None:
+        """The claim's devices on the chosen node, committed; None when they cannot be found there."""
         node = choice.node
         outcome = solve(
-            node, resolved, partial(self._eligible_on, node), scored=True, first=choice.option.devices
+            node, resolved, partial(self._eligible_for, node), scored=True, first=choice.option.devices
         )
         if isinstance(outcome, str):
-            if saved is not None:
-                node.set_destroying(saved)
             return None
         why: Explanation | None = None
         notes: list[str] = []
@@ -587,6 +658,7 @@ class FleetState:
         devices: list[AllocatedDevice] = []
         partitions: list[PartitionPlan] = list(destroy or ())
         taken: list[int] = []
+        made: list[tuple[str, int, int, int]] = []
         for alt, choice in solution.picks:
             for d in choice:
                 device = node.devices[d]
@@ -616,7 +688,7 @@ class FleetState:
                     and node.instance_for(shape.devices[d]) is None
                 ):
                     partitions.append(_mig_plan(device))
-                    self._made.add((node.name, device.gpu_index, device.profile_id, device.placement.start))
+                    made.append((node.name, device.gpu_index, device.profile_id, device.placement.start))
         decision = Allocated(
             claim_uid=claim.uid,
             node=node.name,
@@ -629,6 +701,9 @@ class FleetState:
             explanation=notes,
             why=why,
         )
+        # State changes come last, after everything that could fail: a claim that fails to be
+        # decided leaves the fleet as it found it.
+        self._made.update(made)
         node.take(taken, claim.uid)
         self._reindex(node)
         self._held[claim.uid] = _Held(

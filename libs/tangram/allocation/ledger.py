@@ -68,6 +68,9 @@ class Ledger:
     # release before any result: the result of an older destroy at a placement must not count as
     # the destroy of the instance a later release left there.
     _destroys_at: dict[tuple[str, str, int], set[str]] = field(default_factory=dict)
+    # Requests read back from the log whose decision is still to come: counted in the demand mix
+    # when it comes (counts_as_demand), as the live fold counted them when it decided.
+    _undecided: dict[str, ClaimRequested] = field(default_factory=dict)
 
     def folded(self, stream: str, sequence: int) -> None:
         """The event about to be folded is at `sequence` of `stream` (decisions record it, for replay).
@@ -107,22 +110,25 @@ class Ledger:
                     self.released.discard(event.uid)
                     self.decided.pop(event.uid, None)
                 if live and self._to_decide(event):
+                    self._undecided.pop(event.uid, None)
                     return self._decide(event)
-                # Deciding counts the claim in the demand mix; a claim read back from the log is
-                # counted here instead, in the same order, so a rebuild weighs as the live fold did.
-                self.fleet.note_demand(
-                    Claim(namespace=event.namespace, name=event.name, uid=event.uid, spec=event.spec),
-                    self.classes_for(event),
-                )
+                if not live and self._to_decide(event):
+                    # Deciding counts the claim in the demand mix; a claim read back from the log
+                    # is counted at its decision instead, in the same order, so a rebuild weighs
+                    # as the live fold did.
+                    self._undecided[event.uid] = event
             case ClaimAllocated():
+                self._note_decided(event.uid, counted=True)
                 self._adopt(event)
             case ClaimFailed(uid=uid):
+                self._note_decided(uid, counted=event.cause == "capacity")
                 self.decided[uid] = "failed"
                 self.attempts[uid] = max(self.attempts.get(uid, 0), event.attempt)
                 # A claim fails after its allocation when its MIG instance could not be created;
                 # live, its devices were freed then, and a rebuild must free them too.
                 self.fleet.release_replayed(uid)
             case ClaimReleased(uid=uid) if uid in self.outside:
+                self._undecided.pop(uid, None)
                 # Allocated by another writer and adopted: its node destroys what it made for it.
                 del self.outside[uid]
                 self.released.add(uid)
@@ -131,6 +137,7 @@ class Ledger:
                 else:
                     self.fleet.release_replayed(uid)
             case ClaimReleased(uid=uid):
+                self._undecided.pop(uid, None)
                 if uid in self.released:
                     # Sent again, not decided again: the partitioner runs each command once.
                     return list(self.unanswered_destroys.get(uid, {}).values()) if live else []
@@ -166,6 +173,12 @@ class Ledger:
             case _:
                 pass
         return []
+
+    def _note_decided(self, uid: str, *, counted: bool) -> None:
+        request = self._undecided.pop(uid, None)
+        if request is not None and counted:
+            claim = Claim(namespace=request.namespace, name=request.name, uid=uid, spec=request.spec)
+            self.fleet.note_demand(claim, self.classes_for(request))
 
     def unanswered(self, result: PartitionApplied | PartitionFailed) -> str | None:
         """Why a create or disable-mig result is not to be believed; None when it may be.
@@ -242,6 +255,7 @@ class Ledger:
                     reason=decision.reason,
                     positions=dict(self.positions),
                     attempt=request.attempt,
+                    cause=decision.cause,
                 )
             ]
         self.decided[request.uid] = "allocated"

@@ -8,7 +8,7 @@ from typing import Any, Literal
 import msgspec
 
 from tangram.allocation.spec import ResourceClaimSpec
-from tangram.events.catalogue import AllocatedDevice
+from tangram.events.catalogue import AllocatedDevice, FailureCause
 from tangram.events.inventory import MigPlacement
 
 Policy = Literal["tangram", "first-fit", "best-fit"]
@@ -63,6 +63,7 @@ class Failed(msgspec.Struct, frozen=True, kw_only=True, tag="failed"):
     reason: str
     explanation: list[str] = []
     why: Explanation | None = None
+    cause: FailureCause = "capacity"
 
 
 Decision = Allocated | Failed

@@ -90,15 +90,22 @@ class DemandIndex:
         old = self._group_of.get(node.name)
         if old == key:
             return
+        # Counting fits is the only step that can fail: done before anything moves, so a failure
+        # leaves the node filed where it was and the index whole (a half-moved node was a KeyError
+        # on every later decision).
+        self.fits(fit_state(key))
         if old is not None:
+            self.fits(fit_state(old))
             self._leave(node.name, old)
         insort(self.groups.setdefault(key, []), node.name)
         self._group_of[node.name] = key
         self._add_supply(fit_state(key), 1)
 
     def remove(self, name: str) -> None:
-        old = self._group_of.pop(name, None)
+        old = self._group_of.get(name)
         if old is not None:
+            self.fits(fit_state(old))
+            del self._group_of[name]
             self._leave(name, old)
 
     def sample_of(self, signature: str) -> NodeState | None:
@@ -129,22 +136,43 @@ class DemandIndex:
 
     # --- kinds and their supply ------------------------------------------------------------------
 
-    def note(self, kind: ClaimKind) -> None:
+    def note(self, kind: ClaimKind) -> Callable[[], None]:
+        """Count one claim of the kind; returns what takes the count back out, exactly."""
+        saved = (self.demand.saved(), self.tracked, self._position, self.supply)
         if self.demand.note(kind):
             self._track(kind)
+
+        def undo() -> None:
+            demand, tracked, position, supply = saved
+            self.demand.restore(demand)
+            if tracked is not self.tracked:
+                self.tracked, self._position, self.supply = tracked, position, supply
+                self._fits.clear()
+                self._options.clear()
+
+        return undo
 
     def _track(self, kind: ClaimKind) -> None:
         if kind.key in self._position:
             return
+        before = (self.tracked, self._position, self.supply)
         self.tracked = sorted([*self.tracked, kind], key=lambda k: k.order)
         self._position = {k.key: i for i, k in enumerate(self.tracked)}
         self._fits.clear()
         self._options.clear()
-        self.supply = [0] * len(self.tracked)
-        for key, members in self.groups.items():
-            fits = self.fits(fit_state(key))
-            for i, value in enumerate(fits):
-                self.supply[i] += value * len(members)
+        supply = [0] * len(self.tracked)
+        try:
+            for key, members in self.groups.items():
+                fits = self.fits(fit_state(key))
+                for i, value in enumerate(fits):
+                    supply[i] += value * len(members)
+        except Exception:
+            # The kind is not tracked after all; the caches are derived and fill again.
+            self.tracked, self._position, self.supply = before
+            self._fits.clear()
+            self._options.clear()
+            raise
+        self.supply = supply
 
     def want(self, signature: str, kind: ClaimKind) -> Want | None:
         cache_key = (signature, kind.key)

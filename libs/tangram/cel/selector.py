@@ -49,7 +49,7 @@ class CelSelector:
             result = self._program.execute(activation.context)
         except KeyError as missing:
             result = self._retry_with_unknown_domains(activation, missing)
-        except (RuntimeError, TypeError, ValueError, ArithmeticError) as error:
+        except Exception as error:
             raise CelRuntimeError(self._describe(error)) from None
         if type(result) is not bool:
             raise CelRuntimeError(
@@ -72,12 +72,12 @@ class CelSelector:
                 return self._program.execute(activation.widened_context(absent))
             except KeyError as still_missing:
                 missing = still_missing
-            except (RuntimeError, TypeError, ValueError, ArithmeticError) as error:
+            except Exception as error:
                 raise CelRuntimeError(self._describe(error)) from None
         key = missing.args[0] if missing.args else ""
         raise CelRuntimeError(
-            f"no such key: {key} (device {activation.device.name} has no attribute or capacity "
-            f"{key!r} there; guard the lookup with has() or test the domain first)"
+            f"no such key: {key} (evaluating {self.expression!r} on device "
+            f"{activation.device.name}; guard a lookup that may be absent with has() or 'in')"
         ) from None
 
     def _describe(self, error: BaseException) -> str:

@@ -79,6 +79,16 @@ class ClaimAllocated(Event, tag="claim.allocated", frozen=True, kw_only=True):
     attempt: int = 0  # the ClaimRequested.attempt decided
 
 
+# Why a claim failed, in the terms a person (and a retry) acts on:
+# - capacity: nodes could hold it, but not with what is free now; freed capacity may let it in.
+# - hardware: no node of the fleet could hold it even were everything free; a new node may.
+# - claim: the claim itself is at fault (invalid, an unknown class, a selector that fails to
+#   evaluate); asking again unchanged fails the same way.
+# - internal: the allocator failed deciding it; the claim was not allocated and nothing was held.
+# Only capacity failures count as demand the fleet should keep room for.
+FailureCause = Literal["capacity", "hardware", "claim", "internal"]
+
+
 class ClaimFailed(Event, tag="claim.failed", frozen=True, kw_only=True):
     stream: ClassVar[str] = CLAIMS_STREAM
     subject_pattern: ClassVar[str] = "tangram.claim.failed.{key}"
@@ -89,6 +99,7 @@ class ClaimFailed(Event, tag="claim.failed", frozen=True, kw_only=True):
     reason: str
     positions: dict[str, int] = {}  # as on ClaimAllocated
     attempt: int = 0  # the ClaimRequested.attempt decided
+    cause: FailureCause = "capacity"
 
 
 class ClaimReleased(Event, tag="claim.released", frozen=True, kw_only=True):
