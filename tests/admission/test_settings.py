@@ -8,6 +8,7 @@ import pytest
 
 from services.allocator.settings import parse_settings
 from tangram.admission import __main__ as admission
+from tangram.admission.connections import ConnectionBounds
 from tangram.k8s import alive
 
 
@@ -49,9 +50,31 @@ def test_the_gate_timeout_defaults_to_two_minutes_and_is_set_by_flag_or_environm
     assert admission.parse_args(["--gate-timeout=5"]).gate_timeout_s == 5.0
 
 
+def test_the_connection_bounds_have_defaults_and_are_set_by_flag_or_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TANGRAM_ADMISSION_NAMESPACE", "x")
+    assert admission.parse_args([]).bounds() == ConnectionBounds(
+        handshake_timeout_s=5.0, idle_timeout_s=30.0, body_timeout_s=10.0, max_connections=400
+    )
+    monkeypatch.setenv("TANGRAM_ADMISSION_HANDSHAKE_TIMEOUT_S", "2.5")
+    monkeypatch.setenv("TANGRAM_ADMISSION_IDLE_TIMEOUT_S", "90")
+    monkeypatch.setenv("TANGRAM_ADMISSION_BODY_TIMEOUT_S", "4")
+    monkeypatch.setenv("TANGRAM_ADMISSION_MAX_CONNECTIONS", "64")
+    assert admission.parse_args([]).bounds() == ConnectionBounds(2.5, 90.0, 4.0, 64)
+    flags = ["--handshake-timeout=1", "--idle-timeout", "5", "--body-timeout=3", "--max-connections", "8"]
+    assert admission.parse_args(flags).bounds() == ConnectionBounds(1.0, 5.0, 3.0, 8)
+
+
 @pytest.mark.parametrize(
     "argv",
     [
+        ["--handshake-timeout", "0"],
+        ["--handshake-timeout", "61"],
+        ["--idle-timeout", "-1"],
+        ["--body-timeout", "0"],
+        ["--max-connections", "0"],
+        ["--max-connections", "many"],
         ["--cert-host", "a b"],
         ["--cert-host", "*.example"],
         ["--port", "70000"],

@@ -7,6 +7,8 @@ gracefully on SIGTERM (open reviews are answered first). It also removes Tangram
 from any pod that has held it longer than --gate-timeout seconds while the allocator is down (its
 Lease tangram-allocator in --allocator-namespace missing or not renewed within the timeout;
 `tangram.admission.gatekeeper`): kube-scheduler then decides the pod's claims and Tangram adopts them.
+Its HTTPS connections are bounded (`tangram.admission.connections`): --handshake-timeout,
+--idle-timeout, --body-timeout and --max-connections.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tangram.admission.certs import CA_DAYS, SERVING_DAYS, TlsMaterial
+from tangram.admission.connections import ConnectionBounds
 from tangram.admission.gatekeeper import GateKeeper
 from tangram.admission.keeper import CertificateKeeper
 from tangram.admission.lookup import ClaimLookup
@@ -36,6 +39,8 @@ from tangram.service.logs import configure_logging
 log = logging.getLogger("tangram.admission")
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+BOUNDS = ConnectionBounds()  # the defaults, justified in ConnectionBounds
 
 
 class AdmissionSettings(BaseModel):
@@ -52,6 +57,13 @@ class AdmissionSettings(BaseModel):
     cert_hosts: tuple[str, ...] = ()
     kubeconfig: Path | None = None
     max_body_bytes: int = Field(default=MAX_BODY_BYTES, ge=1024, le=64 * 1024 * 1024)
+    # a client's TLS handshake, its next request head, and a request's body; at most 60 s, 1 h and
+    # 5 min: far past any API server's patience, so a larger value only holds a stalled connection
+    handshake_timeout_s: float = Field(default=BOUNDS.handshake_timeout_s, gt=0, le=60)
+    idle_timeout_s: float = Field(default=BOUNDS.idle_timeout_s, gt=0, le=3600)
+    body_timeout_s: float = Field(default=BOUNDS.body_timeout_s, gt=0, le=300)
+    # open HTTPS connections; each is a file descriptor and up to ~300 KB
+    max_connections: int = Field(default=BOUNDS.max_connections, ge=1, le=100_000)
     lookup_timeout_s: float = Field(default=3.0, gt=0, le=30)
     check_interval_s: float = Field(default=3600.0, gt=0)
     # seconds a pod may hold Tangram's gate before it is removed and kube-scheduler decides; 0: never
@@ -72,6 +84,14 @@ class AdmissionSettings(BaseModel):
             if not host or len(host) > 253 or any(c.isspace() or c in "/,*" for c in host):
                 raise ValueError(f"{host!r} is not a host name or IP address")
         return hosts
+
+    def bounds(self) -> ConnectionBounds:
+        return ConnectionBounds(
+            handshake_timeout_s=self.handshake_timeout_s,
+            idle_timeout_s=self.idle_timeout_s,
+            body_timeout_s=self.body_timeout_s,
+            max_connections=self.max_connections,
+        )
 
     def hosts(self) -> tuple[str, ...]:
         if self.cert_hosts:
@@ -124,6 +144,35 @@ def parse_args(argv: list[str] | None = None) -> AdmissionSettings:
         "--max-body-bytes", type=int, default=int(_env("ADMISSION_MAX_BODY_BYTES", str(MAX_BODY_BYTES)) or 0)
     )
     parser.add_argument(
+        "--handshake-timeout",
+        type=float,
+        default=float(_env("ADMISSION_HANDSHAKE_TIMEOUT_S") or BOUNDS.handshake_timeout_s),
+        help="seconds from a connection's accept to the end of its TLS handshake, else it is closed "
+        f"(env TANGRAM_ADMISSION_HANDSHAKE_TIMEOUT_S; default {BOUNDS.handshake_timeout_s:g})",
+    )
+    parser.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=float(_env("ADMISSION_IDLE_TIMEOUT_S") or BOUNDS.idle_timeout_s),
+        help="seconds a connection may wait, after its handshake or its last answer, before a "
+        "complete request head arrives, else it is closed (idle keep-alive connections, stalled "
+        f"heads; env TANGRAM_ADMISSION_IDLE_TIMEOUT_S; default {BOUNDS.idle_timeout_s:g})",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=float,
+        default=float(_env("ADMISSION_BODY_TIMEOUT_S") or BOUNDS.body_timeout_s),
+        help="seconds to read a request's body, else it gets 408 and its connection is closed "
+        f"(env TANGRAM_ADMISSION_BODY_TIMEOUT_S; default {BOUNDS.body_timeout_s:g})",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=int(_env("ADMISSION_MAX_CONNECTIONS") or BOUNDS.max_connections),
+        help="HTTPS connections open at once; one accepted beyond is closed at once "
+        f"(env TANGRAM_ADMISSION_MAX_CONNECTIONS; default {BOUNDS.max_connections})",
+    )
+    parser.add_argument(
         "--lookup-timeout", type=float, default=float(_env("ADMISSION_LOOKUP_TIMEOUT_S", "3") or 3)
     )
     parser.add_argument(
@@ -174,6 +223,10 @@ def parse_args(argv: list[str] | None = None) -> AdmissionSettings:
             cert_hosts=tuple(hosts),
             kubeconfig=args.kubeconfig,
             max_body_bytes=args.max_body_bytes,
+            handshake_timeout_s=args.handshake_timeout,
+            idle_timeout_s=args.idle_timeout,
+            body_timeout_s=args.body_timeout,
+            max_connections=args.max_connections,
             lookup_timeout_s=args.lookup_timeout,
             check_interval_s=args.check_interval,
             gate_timeout_s=args.gate_timeout,
@@ -220,6 +273,7 @@ async def run(settings: AdmissionSettings) -> int:
         ClaimLookup(api, request_timeout_s=settings.lookup_timeout_s),
         lookup_timeout_s=settings.lookup_timeout_s,
         max_body_bytes=settings.max_body_bytes,
+        bounds=settings.bounds(),
     )
     gates = (
         GateKeeper(

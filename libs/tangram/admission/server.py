@@ -2,7 +2,8 @@
 
 Every answer the API server can read is "allowed", with the gate's JSONPatch or without: the
 webhook only ever delays scheduling, never refuses a pod. Bodies over `max_body_bytes` get 413,
-non-JSON content 415, and a body that is no AdmissionReview 400, each counted; a review for
+non-JSON content 415, a body not in within the body timeout 408 (and the connection is closed),
+and a body that is no AdmissionReview 400, each counted; a review for
 another resource or operation, or one whose claims cannot be looked up in time, gets an allowed
 answer without a patch (kube-scheduler decides; Tangram adopts its allocation).
 """
@@ -19,6 +20,7 @@ from aiohttp import web
 from prometheus_client import Counter, Gauge, Histogram
 
 from tangram.admission.certs import TlsMaterial, not_after
+from tangram.admission.connections import CLOSED_BY_BOUND, BoundedSite, ConnectionBounds
 from tangram.admission.lookup import ClaimLookup
 from tangram.admission.review import BadReview, answer, claim_references, gate_patch, parse
 from tangram.kube import KubeApiError
@@ -28,7 +30,7 @@ log = logging.getLogger("tangram.admission")
 REVIEWS = Counter(
     "tangram_admission_reviews_total",
     "AdmissionReviews answered, by outcome: gated, passed (no Tangram claim, or gated already), "
-    "ignored (not a pod CREATE), lookup_failed (claims unreadable in time), refused (bad body)",
+    "ignored (not a pod CREATE), lookup_failed (claims unreadable in time), refused (bad or late body)",
     ["outcome"],
 )
 REVIEW_SECONDS = Histogram(
@@ -73,12 +75,20 @@ class AdmissionServer:
         *,
         lookup_timeout_s: float = 3.0,
         max_body_bytes: int = MAX_BODY_BYTES,
+        bounds: ConnectionBounds | None = None,
     ) -> None:
         self._lookup = lookup
         self._timeout = lookup_timeout_s
         self._max_body = max_body_bytes
+        self._bounds = bounds or ConnectionBounds()
         self._runner: web.AppRunner | None = None
+        self._site: BoundedSite | None = None
         self.port = 0
+
+    @property
+    def open_connections(self) -> int:
+        """Connections open to this server now, those in their TLS handshake included."""
+        return self._site.open_connections if self._site is not None else 0
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self._max_body)
@@ -86,12 +96,21 @@ class AdmissionServer:
         return app
 
     async def start(self, host: str, port: int, tls: ssl.SSLContext) -> None:
-        self._runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=5.0)
+        self._runner = web.AppRunner(
+            self.app(),
+            access_log=None,
+            shutdown_timeout=5.0,
+            # aiohttp's RequestHandler: its keep-alive timer closes a connection with no complete
+            # request head this long after its handshake or its last answer (3,630 s by default)
+            keepalive_timeout=self._bounds.idle_timeout_s,
+            # how long a body left unread (too large, or late) may still arrive before the
+            # connection is closed (10 s by default): the same bound as for reading one
+            lingering_time=self._bounds.body_timeout_s,
+        )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, ssl_context=tls)
-        await site.start()
-        sockets = getattr(site._server, "sockets", None) or []
-        self.port = sockets[0].getsockname()[1] if sockets else port
+        self._site = BoundedSite(self._runner, host, port, tls, self._bounds)
+        await self._site.start()
+        self.port = self._site.port
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -113,9 +132,18 @@ class AdmissionServer:
         if request.content_length is not None and request.content_length > self._max_body:
             return "refused", _too_large(self._max_body)
         try:
-            body = await request.read()
+            async with asyncio.timeout(self._bounds.body_timeout_s):
+                body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return "refused", _too_large(self._max_body)
+        except TimeoutError:
+            # a client that trickles or stalls its body would hold this handler and its connection
+            CLOSED_BY_BOUND.labels("body").inc()
+            late = web.json_response(
+                {"error": f"the body did not arrive within {self._bounds.body_timeout_s} s"}, status=408
+            )
+            late.force_close()
+            return "refused", late
         try:
             review = parse(body)
         except BadReview as error:
