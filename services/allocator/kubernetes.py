@@ -8,7 +8,14 @@ back here: an allocation is written to `status.allocation` (guarded by the claim
 resourceVersion, re-read and retried on conflict; an allocation someone else wrote meanwhile is
 adopted instead), then Tangram's scheduling gate is removed from every pod that uses the claim,
 so kube-scheduler binds the pod to the allocated node. A failure becomes a Warning Event on the
-claim and its pods, and the claim is asked again whenever capacity is released.
+claim and its pods, and the claim is asked again whenever capacity is released (only when it
+failed for want of capacity: a claim at fault fails the same way again, and one no node could
+ever hold waits for the fleet's nodes to change).
+
+Claims are asked fairly: each namespace waits in its own line, the lines take turns, and only
+`max_in_flight` claims are asked and not yet answered (decided, and the decision written) at a
+time, so a namespace that floods the cluster with claims delays another namespace's claim by a
+bounded number of decisions, not by the length of its flood.
 
 The pure rules (whose claim is it, what is written) are in `tangram.k8s.claimbridge`.
 """
@@ -24,6 +31,7 @@ from typing import Any
 from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
 from kubernetes_asyncio.watch import Watch
 
+from services.allocator.asking import MAX_IN_FLIGHT, FairAsker
 from tangram.allocation.ledger import Ledger
 from tangram.events import (
     ClaimAllocated,
@@ -84,6 +92,7 @@ class ClaimBridge:
         producer: str,
         request_timeout_s: float = 10.0,
         watch_timeout_s: int = 300,
+        max_in_flight: int = MAX_IN_FLIGHT,
     ) -> None:
         self._resource = ResourceV1Api(api)
         self._core = CoreV1Api(api)
@@ -98,7 +107,12 @@ class ClaimBridge:
         self._requested: dict[str, int] = {}  # uid -> the attempt asked last
         self._adopted: set[str] = set()
         self._known: set[str] = set()  # uids of claims this bridge asked about
-        self._pending: set[str] = set()  # uids of Tangram's claims that failed: asked again on release
+        self._pending: set[str] = set()  # uids of claims that failed for capacity: asked again on release
+        # uids of claims no node could hold: asked again once the fleet's nodes change
+        self._unfit: dict[str, frozenset[str]] = {}
+        self._asker = FairAsker(publish, self._request_for, max_in_flight=max_in_flight)
+        self._attempts: dict[str, int] = {}  # uid -> the attempt it is to be asked with
+        self._keys: dict[str, Key] = {}  # uid -> (namespace, name) of the claims asked about
         self._released: set[str] = set()
         self._warned: dict[str, str] = {}  # uid -> the failure reason last recorded as an Event
         self._reasked: set[str] = set()  # released, then asked again for a pod that waits for it
@@ -127,15 +141,34 @@ class ClaimBridge:
                     or (isinstance(event, ClaimRequested) and event.allocation is not None and outputs)
                 ):
                     # capacity freed, or a claim decided again after another writer's allocation
-                    await self._retry_pending()
+                    self._retry_pending()
             except KubeApiError as error:
                 log.warning("cannot act on a decision in Kubernetes", extra={"error": str(error)})
+            finally:
+                if isinstance(event, ClaimRequested):
+                    self._asker.answered(event.uid)
+
+    def _enqueue(self, claim: dict[str, Any], attempt: int) -> None:
+        """Put the claim in its namespace's line, to be asked with `attempt` when its turn comes."""
+        uid = _uid(claim)
+        self._keys[uid] = _key(claim)
+        self._attempts[uid] = attempt
+        self._requested[uid] = attempt
+        self._known.add(uid)
+        self._asker.enqueue(_key(claim)[0], uid)
+
+    def _request_for(self, uid: str) -> ClaimRequested | None:
+        claim = self._claim_by_uid(uid)
+        if claim is None or classify(claim, self.classes) != "tangram":
+            return None  # deleted, or no longer Tangram's, while it waited
+        return claim_requested(claim, self.classes, producer=self._producer, attempt=self._attempts[uid])
 
     # --- run ---------------------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
         tasks = [
             asyncio.create_task(self._answer(stop)),
+            asyncio.create_task(self._asker.run(stop)),
             asyncio.create_task(self._follow("classes", self._list_classes, self._watch_classes, stop)),
             asyncio.create_task(self._follow("claims", self._list_claims, self._watch_claims, stop)),
             asyncio.create_task(self._follow("pods", self._list_pods, self._watch_pods, stop)),
@@ -326,9 +359,7 @@ class ClaimBridge:
             attempt += 1
         if self._ledger.decided.get(uid) == "failed":
             self._pending.add(uid)
-        self._requested[uid] = attempt
-        self._known.add(uid)
-        await self._publish(claim_requested(claim, self.classes, producer=self._producer, attempt=attempt))
+        self._enqueue(claim, attempt)
 
     async def _claim_gone(self, claim: dict[str, Any]) -> None:
         await self._release(claim_ref(claim))
@@ -341,6 +372,8 @@ class ClaimBridge:
         self._released.add(ref.uid)
         self._reasked.discard(ref.uid)
         self._pending.discard(ref.uid)
+        self._unfit.pop(ref.uid, None)
+        self._asker.discard(ref.uid)
         self._warned.pop(ref.uid, None)
         attempt = max(self._ledger.attempts.get(ref.uid, 0), self._requested.get(ref.uid, 0))
         await self._publish(claim_released(ref, producer=self._producer, attempt=attempt))
@@ -354,25 +387,36 @@ class ClaimBridge:
             namespace, name = self._ledger.claims.get(uid, ("", ""))
             await self._release(ClaimRef(namespace=namespace, name=name, uid=uid))
 
-    async def _retry_pending(self) -> None:
-        for uid in sorted(self._pending):
+    def _retry_pending(self) -> None:
+        """Ask again, in their namespaces' lines, the claims that capacity freed now may fit; and
+        those no node could hold, once the fleet's nodes are not the ones they failed on."""
+        nodes = frozenset(self._ledger.fleet.node_names)
+        retry = sorted(self._pending) + sorted(uid for uid, seen in self._unfit.items() if seen != nodes)
+        for uid in retry:
+            if self._asker.waiting(uid):
+                continue  # asked again already, and still waiting for its turn
             claim = self._claim_by_uid(uid)
             if claim is None or classify(claim, self.classes) != "tangram":
                 self._pending.discard(uid)
+                self._unfit.pop(uid, None)
                 continue
+            self._unfit.pop(uid, None)
             attempt = max(self._requested.get(uid, 0), self._ledger.attempts.get(uid, 0)) + 1
-            self._requested[uid] = attempt
-            await self._publish(
-                claim_requested(claim, self.classes, producer=self._producer, attempt=attempt)
-            )
+            self._enqueue(claim, attempt)
 
     def _claim_by_uid(self, uid: str) -> dict[str, Any] | None:
+        key = self._keys.get(uid)
+        if key is not None:
+            claim = self.claims.get(key)
+            if claim is not None and _uid(claim) == uid:
+                return claim
         return next((c for c in self.claims.values() if _uid(c) == uid), None)
 
     # --- writing decisions ---------------------------------------------------------------------------
 
     async def _write(self, allocated: ClaimAllocated) -> None:
         self._pending.discard(allocated.uid)
+        self._unfit.pop(allocated.uid, None)
         self._warned.pop(allocated.uid, None)
         claim = self.claims.get((allocated.namespace, allocated.name))
         if claim is None or _uid(claim) != allocated.uid:
@@ -469,6 +513,8 @@ class ClaimBridge:
         self._adopted.add(uid)
         self._known.add(uid)
         self._pending.discard(uid)
+        self._unfit.pop(uid, None)
+        self._asker.discard(uid)
         await self._publish(claim_adopted(claim, self.classes, producer=self._producer))
 
     async def _failed(self, failed: ClaimFailed) -> None:
@@ -481,8 +527,11 @@ class ClaimBridge:
             # allocation stands in the API server and the node prepares it, so the ledger holds
             # its devices again rather than give them to another claim.
             await self._publish(claim_adopted(claim, self.classes, producer=self._producer))
-        else:
+        elif failed.cause in ("capacity", "internal"):
             self._pending.add(failed.uid)
+        elif failed.cause == "hardware":
+            self._unfit[failed.uid] = frozenset(self._ledger.fleet.node_names)
+        # A claim at fault is not asked again: its spec cannot change, so neither can its answer.
         if self._warned.get(failed.uid) == failed.reason:
             return  # asked again and failed for the same reason: said once is enough
         self._warned[failed.uid] = failed.reason

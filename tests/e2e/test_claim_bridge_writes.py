@@ -47,14 +47,15 @@ class Setup:
         self.bridge.classes = dict(SHIPPED)
         self.bridge._listed.update({"classes", "claims", "pods"})
 
-    async def claim(self, name: str) -> dict[str, Any]:
+    async def claim(self, name: str, *, count: int = 1, selector: str = "") -> dict[str, Any]:
+        exactly: dict[str, Any] = {"deviceClassName": "gpu.tangram.dev", "count": count}
+        if selector:
+            exactly["selectors"] = [{"cel": {"expression": selector}}]
         body = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": self.namespace},
-            "spec": {
-                "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tangram.dev"}}]}
-            },
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
         }
         return await call_json(
             "create claim",
@@ -71,6 +72,11 @@ class Setup:
         *_, allocated = self.ledger.apply(claim_requested(claim, SHIPPED, producer="test"))
         assert isinstance(allocated, ClaimAllocated)
         return allocated
+
+    def refuse(self, claim: dict[str, Any]) -> ClaimFailed:
+        [failed] = self.ledger.apply(claim_requested(claim, SHIPPED, producer="test"))
+        assert isinstance(failed, ClaimFailed)
+        return failed
 
 
 @pytest.fixture
@@ -208,3 +214,34 @@ async def test_a_decision_naming_a_device_another_claim_holds_is_not_written(set
     # folding it, the ledger frees its own decision for the claim to be asked again
     [failed] = setup.ledger.apply(adopted)
     assert isinstance(failed, ClaimFailed) and failed.uid == allocated.uid
+
+
+async def test_only_the_claims_that_freed_capacity_may_help_are_asked_again(setup: Setup) -> None:
+    """A claim at fault fails the same way every time and is never asked again; one that no node
+    could hold is asked again once the fleet's nodes change; one that waits for capacity is asked
+    again as soon as capacity is freed."""
+    at_fault = await setup.claim("at-fault", selector='device.attributes["gpu.tangram.dev"].index / 0 == 1')
+    too_big = await setup.claim("too-big", count=9)
+    free = setup.ledger.fleet.metrics().free_gpus
+    assert free >= 1
+    for n in range(free):
+        setup.decide(await setup.claim(f"fill-{n}"))
+    waiting = await setup.claim("waiting")
+    failures = {}
+    for claim in (at_fault, too_big, waiting):
+        failed = setup.refuse(claim)
+        failures[failed.name] = failed.cause
+        setup.bridge.claims[(setup.namespace, failed.name)] = claim
+        await setup.bridge._failed(failed)
+    assert failures == {"at-fault": "claim", "too-big": "hardware", "waiting": "capacity"}
+    asker = setup.bridge._asker
+
+    def asked_again() -> set[str]:
+        uids = {c["metadata"]["uid"]: c["metadata"]["name"] for c in (at_fault, too_big, waiting)}
+        return {name for uid, name in uids.items() if asker.waiting(uid)}
+
+    setup.bridge._retry_pending()  # as after a release
+    assert asked_again() == {"waiting"}
+    setup.ledger.apply(inventory("hgx-h200", "second-node"), live=False)
+    setup.bridge._retry_pending()
+    assert asked_again() == {"waiting", "too-big"}
