@@ -29,7 +29,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
-from kubernetes_asyncio.watch import Watch
 
 from services.allocator.asking import MAX_IN_FLIGHT, FairAsker
 from tangram.allocation.ledger import Ledger
@@ -58,11 +57,13 @@ from tangram.k8s.claimbridge import (
     may_ungate,
     pod_claims,
     same_allocation,
+    taken_by_others,
     ungate_patch,
     uses_claim,
     warning_event,
 )
-from tangram.kube import WATCH_ERRORS, KubeApiError, call, call_json, relist_delay
+from tangram.kube import KubeApiError, call_json, record_event
+from tangram.kube.watching import list_then_watch
 from tangram.service import first
 
 log = logging.getLogger("tangram.allocator.kubernetes")
@@ -166,13 +167,14 @@ class ClaimBridge:
     # --- run ---------------------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        tasks = [
-            asyncio.create_task(self._answer(stop)),
-            asyncio.create_task(self._asker.run(stop)),
-            asyncio.create_task(self._follow("classes", self._list_classes, self._watch_classes, stop)),
-            asyncio.create_task(self._follow("claims", self._list_claims, self._watch_claims, stop)),
-            asyncio.create_task(self._follow("pods", self._list_pods, self._watch_pods, stop)),
-        ]
+        claims_call = self._resource.list_resource_claim_for_all_namespaces
+        follows = (
+            ("classes", self._list_classes, self._resource.list_device_class, self._class_changed),
+            ("claims", self._list_claims, claims_call, self._claim_changed),
+            ("pods", self._list_pods, self._core.list_pod_for_all_namespaces, self._pod_seen),
+        )
+        tasks = [asyncio.create_task(self._answer(stop)), asyncio.create_task(self._asker.run(stop))]
+        tasks += [asyncio.create_task(self._follow(*follow, stop)) for follow in follows]
         try:
             await first(stop.wait(), tasks)  # a failing task fails the allocator, never silently
         finally:
@@ -193,49 +195,30 @@ class ClaimBridge:
         self,
         kind: str,
         list_all: Callable[[], Awaitable[str]],
-        watch: Callable[[str], Awaitable[None]],
+        watch_call: Callable[..., Any],
+        on_change: Callable[[str, dict[str, Any]], Awaitable[None]],
         stop: asyncio.Event,
     ) -> None:
-        """List, then watch from the list's resourceVersion; list again when the watch ends."""
-        failures = 0
-        while not stop.is_set():
-            try:
-                version = await list_all()
-                self._listed.add(kind)
-                if self._listed >= {"classes", "claims", "pods"}:
-                    # Judged only with all three at hand: what one listing found may depend on another's.
-                    if not self.synced.is_set():
-                        await self._resync()
-                    await self._reconcile_everything()
-                    self.synced.set()
-                failures = 0
-                await watch(version)
-            except WATCH_ERRORS as error:
-                failures += 1
-                delay = relist_delay(failures)
-                log.warning(
-                    f"{kind} watch ended; listing again",
-                    extra={"error": f"{type(error).__name__}: {error}", "retry_in_s": delay},
-                )
-                await asyncio.sleep(delay)
+        async def relist() -> str:
+            version = await list_all()
+            self._listed.add(kind)
+            if self._listed >= {"classes", "claims", "pods"}:
+                # Judged only with all three at hand: what one listing found may depend on another's.
+                if not self.synced.is_set():
+                    await self._resync()
+                await self._reconcile_everything()
+                self.synced.set()
+            return version
 
-    async def _watch(
-        self,
-        list_call: Callable[..., Any],
-        version: str,
-        on: Callable[[str, dict[str, Any]], Awaitable[None]],
-    ) -> None:
-        async with Watch(return_type="object") as stream:
-            async for change in stream.stream(
-                list_call,
-                resource_version=version,
-                allow_watch_bookmarks=False,
-                timeout_seconds=self._watch_timeout,
-                _request_timeout=self._watch_timeout + self._timeout,
-            ):
-                obj = change["raw_object"]
-                if isinstance(obj, dict):
-                    await on(str(change["type"]), obj)
+        await list_then_watch(
+            kind,
+            relist,
+            watch_call,
+            on_change,
+            stop,
+            watch_timeout_s=self._watch_timeout,
+            request_timeout_s=self._timeout,
+        )
 
     # --- DeviceClasses ------------------------------------------------------------------------------
 
@@ -247,16 +230,13 @@ class ClaimBridge:
         self.classes = {str(c["metadata"]["name"]): c for c in listed.get("items") or []}
         return str(listed["metadata"].get("resourceVersion", ""))
 
-    async def _watch_classes(self, version: str) -> None:
-        async def on(kind: str, obj: dict[str, Any]) -> None:
-            name = str(obj["metadata"]["name"])
-            if kind == "DELETED":
-                self.classes.pop(name, None)
-            else:
-                self.classes[name] = obj
-            await self._reconcile_all()
-
-        await self._watch(self._resource.list_device_class, version, on)
+    async def _class_changed(self, kind: str, obj: dict[str, Any]) -> None:
+        name = str(obj["metadata"]["name"])
+        if kind == "DELETED":
+            self.classes.pop(name, None)
+        else:
+            self.classes[name] = obj
+        await self._reconcile_all()
 
     # --- ResourceClaims ----------------------------------------------------------------------------
 
@@ -274,21 +254,18 @@ class ClaimBridge:
         self.claims = present
         return str(listed["metadata"].get("resourceVersion", ""))
 
-    async def _watch_claims(self, version: str) -> None:
-        async def on(kind: str, obj: dict[str, Any]) -> None:
-            key = _key(obj)
-            before = self.claims.get(key)
-            if kind == "DELETED":
-                self.claims.pop(key, None)
-                await self._claim_gone(obj)
-                return
-            if before is not None and _uid(before) != _uid(obj):
-                await self._claim_gone(before)
-                before = None
-            self.claims[key] = obj
-            await self._reconcile_claim(obj, before)
-
-        await self._watch(self._resource.list_resource_claim_for_all_namespaces, version, on)
+    async def _claim_changed(self, kind: str, obj: dict[str, Any]) -> None:
+        key = _key(obj)
+        before = self.claims.get(key)
+        if kind == "DELETED":
+            self.claims.pop(key, None)
+            await self._claim_gone(obj)
+            return
+        if before is not None and _uid(before) != _uid(obj):
+            await self._claim_gone(before)
+            before = None
+        self.claims[key] = obj
+        await self._reconcile_claim(obj, before)
 
     async def _reconcile_all(self) -> None:
         if self._listed >= {"classes", "claims", "pods"}:
@@ -450,7 +427,7 @@ class ClaimBridge:
                     self._adopted.add(uid)
                     await self._publish(claim_adopted(claim, self.classes, producer=self._producer))
                 break
-            taken = self._taken_by_others(uid, allocation)
+            taken = taken_by_others(uid, allocation, self.claims.values())
             if taken:
                 # Another writer gave a device of this decision to another claim first: that
                 # allocation stands, the ledger (told by its adoption) decides this claim again.
@@ -485,24 +462,6 @@ class ClaimBridge:
             break
         self.claims[(namespace, name)] = claim
         await self._ungate_users(claim)
-
-    def _taken_by_others(self, uid: str, allocation: dict[str, Any]) -> dict[str, dict[str, Any]]:
-        """device -> the claim (allocated by someone else, as last read) that holds it."""
-        wanted = {
-            (r.get("driver"), r.get("pool"), r.get("device"))
-            for r in (allocation.get("devices") or {}).get("results") or []
-            if not r.get("adminAccess")
-        }
-        taken: dict[str, dict[str, Any]] = {}
-        for other in self.claims.values():
-            theirs = allocation_of(other)
-            if theirs is None or _uid(other) == uid:
-                continue
-            for r in (theirs.get("devices") or {}).get("results") or []:
-                key = (r.get("driver"), r.get("pool"), r.get("device"))
-                if key in wanted and not r.get("adminAccess"):
-                    taken[str(r.get("device"))] = other
-        return taken
 
     async def _adopt(self, claim: dict[str, Any]) -> None:
         """Tell the ledger of an allocation another writer made (once per claim)."""
@@ -550,16 +509,7 @@ class ClaimBridge:
                 component=COMPONENT,
                 suffix=suffix,
             )
-            try:
-                await call(
-                    f"record an Event on {kind} {failed.namespace}/{obj['metadata']['name']}",
-                    self._core.create_namespaced_event(
-                        failed.namespace, event, _request_timeout=self._timeout
-                    ),
-                )
-            except KubeApiError as error:
-                if not error.already_exists:
-                    log.warning("cannot record an Event", extra={"error": str(error)})
+            await record_event(self._core, event, timeout_s=self._timeout)
 
     # --- pods -----------------------------------------------------------------------------------------
 
@@ -571,16 +521,13 @@ class ClaimBridge:
         self.pods = {_key(p): p for p in listed.get("items") or [] if _relevant(p)}
         return str(listed["metadata"].get("resourceVersion", ""))
 
-    async def _watch_pods(self, version: str) -> None:
-        async def on(kind: str, obj: dict[str, Any]) -> None:
-            key = _key(obj)
-            if kind == "DELETED" or not _relevant(obj):
-                self.pods.pop(key, None)
-                return
-            self.pods[key] = obj
-            await self._pod_changed(obj)
-
-        await self._watch(self._core.list_pod_for_all_namespaces, version, on)
+    async def _pod_seen(self, kind: str, obj: dict[str, Any]) -> None:
+        key = _key(obj)
+        if kind == "DELETED" or not _relevant(obj):
+            self.pods.pop(key, None)
+            return
+        self.pods[key] = obj
+        await self._pod_changed(obj)
 
     async def _pod_changed(self, pod: dict[str, Any]) -> None:
         """A gated pod's claims are decided once it waits for them; its gate goes when they are."""

@@ -34,13 +34,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes_asyncio.client import CoordinationV1Api, CoreV1Api
-from kubernetes_asyncio.watch import Watch
 from prometheus_client import Counter
 
 from tangram.k8s.alive import ALLOCATOR_LEASE, allocator_alive
 from tangram.k8s.claimbridge import warning_event
 from tangram.k8s.gates import holds_gate, remove_gate_patch
-from tangram.kube import WATCH_ERRORS, KubeApiError, call, call_json, relist_delay
+from tangram.kube import KubeApiError, call_json, record_event
+from tangram.kube.watching import list_then_watch
 
 log = logging.getLogger("tangram.admission.gatekeeper")
 
@@ -229,31 +229,18 @@ class GateKeeper:
         return str(listed["metadata"].get("resourceVersion", ""))
 
     async def _follow(self, stop: asyncio.Event) -> None:
-        """List, then watch from the list's resourceVersion; list again when the watch ends."""
-        failures = 0
-        while not stop.is_set():
-            try:
-                version = await self.relist()
-                failures = 0
-                async with Watch(return_type="object") as stream:
-                    async for change in stream.stream(
-                        self._core.list_pod_for_all_namespaces,
-                        resource_version=version,
-                        allow_watch_bookmarks=False,
-                        timeout_seconds=self._watch_timeout,
-                        _request_timeout=self._watch_timeout + self._request_timeout,
-                    ):
-                        obj = change["raw_object"]
-                        if isinstance(obj, dict) and isinstance(obj.get("metadata"), dict):
-                            self._seen(str(change["type"]), obj)
-            except WATCH_ERRORS as error:
-                failures += 1
-                delay = relist_delay(failures)
-                log.warning(
-                    "pods watch ended; listing again",
-                    extra={"error": f"{type(error).__name__}: {error}", "retry_in_s": delay},
-                )
-                await asyncio.sleep(delay)
+        async def seen(kind: str, pod: dict[str, Any]) -> None:
+            self._seen(kind, pod)
+
+        await list_then_watch(
+            "pods",
+            self.relist,
+            self._core.list_pod_for_all_namespaces,
+            seen,
+            stop,
+            watch_timeout_s=self._watch_timeout,
+            request_timeout_s=self._request_timeout,
+        )
 
     # --- removing a gate ------------------------------------------------------------------------------
 
@@ -316,7 +303,6 @@ class GateKeeper:
 
     async def _record(self, pod: dict[str, Any]) -> None:
         metadata = pod.get("metadata") or {}
-        namespace, name = _key(pod)
         suffix = hashlib.sha256(f"{metadata.get('uid', '')}/{REASON}".encode()).hexdigest()[:16]
         message = (
             f"Tangram did not allocate this pod's claims within {self.timeout_s:g} s and its allocator "
@@ -332,11 +318,4 @@ class GateKeeper:
             component=COMPONENT,
             suffix=suffix,
         )
-        try:
-            await call(
-                f"record an Event on Pod {namespace}/{name}",
-                self._core.create_namespaced_event(namespace, event, _request_timeout=self._request_timeout),
-            )
-        except KubeApiError as error:
-            if not error.already_exists:
-                log.warning("cannot record an Event", extra={"error": str(error)})
+        await record_event(self._core, event, timeout_s=self._request_timeout)

@@ -10,9 +10,9 @@ admission); a claim naming a class the cluster does not have is left to kube-sch
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from tangram import DRIVER_NAME
 from tangram.allocation.model import Allocated
@@ -311,3 +311,26 @@ def warning_event(
         "lastTimestamp": now,
         "count": 1,
     }
+
+
+Claim = TypeVar("Claim", bound=Mapping[str, Any])
+
+
+def taken_by_others(uid: str, allocation: Mapping[str, Any], claims: Iterable[Claim]) -> dict[str, Claim]:
+    """device -> the claim (allocated by someone else, as last read) that holds a device of
+    `allocation`, the one meant for claim `uid`."""
+    wanted = {
+        (r.get("driver"), r.get("pool"), r.get("device"))
+        for r in (allocation.get("devices") or {}).get("results") or []
+        if not r.get("adminAccess")
+    }
+    taken: dict[str, Claim] = {}
+    for other in claims:
+        theirs = allocation_of(other)
+        if theirs is None or str(_metadata(other).get("uid", "")) == uid:
+            continue
+        for r in (theirs.get("devices") or {}).get("results") or []:
+            key = (r.get("driver"), r.get("pool"), r.get("device"))
+            if key in wanted and not r.get("adminAccess"):
+                taken[str(r.get("device"))] = other
+    return taken

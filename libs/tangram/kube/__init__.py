@@ -7,6 +7,7 @@ from tangram.kube.client import (
     call,
     call_json,
     connect,
+    record_event,
     relist_delay,
 )
 from tangram.kube.layout import LayoutError, SliceLayout, detect_layout
@@ -26,6 +27,7 @@ __all__ = [
     "call_json",
     "connect",
     "detect_layout",
+    "record_event",
     "relist_delay",
     "spec_hash",
 ]

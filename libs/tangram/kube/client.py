@@ -9,6 +9,7 @@ failed request instead of a zoo of aiohttp and OS exceptions.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Awaitable
 from pathlib import Path
@@ -20,6 +21,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config import ConfigException, load_incluster_config, load_kube_config
 
 T = TypeVar("T")
+log = logging.getLogger("tangram.kube")
 
 UNREACHABLE = 0  # the status of a request that never got an HTTP answer
 
@@ -120,6 +122,21 @@ async def call_json(what: str, request: Awaitable[Any]) -> dict[str, Any]:
     if not isinstance(parsed, dict):
         raise KubeApiError(what, status, "BadBody", "the answer is not an object")
     return parsed
+
+
+async def record_event(core: Any, event: dict[str, Any], *, timeout_s: float) -> None:
+    """Create a core/v1 Event (`core` a CoreV1Api). An Event is a note for people: one that exists
+    already (the same note, named alike) is fine, and one that cannot be written is logged, never
+    raised, so that the work it describes goes on."""
+    metadata = event.get("metadata") or {}
+    namespace = str(metadata.get("namespace", ""))
+    involved = event.get("involvedObject") or {}
+    what = f"record an Event on {involved.get('kind', '')} {namespace}/{involved.get('name', '')}"
+    try:
+        await call(what, core.create_namespaced_event(namespace, event, _request_timeout=timeout_s))
+    except KubeApiError as error:
+        if not error.already_exists:
+            log.warning("cannot record an Event", extra={"error": str(error)})
 
 
 async def connect(
