@@ -559,3 +559,38 @@ def test_a_rebuild_never_takes_an_older_destroy_for_the_destroy_of_a_later_insta
     assert device.gpu_uuid != second.gpu_uuid or device.partition_command, (
         "the second claim's instance, being destroyed, was handed out as it stands"
     )
+
+
+def test_a_claim_that_fails_inside_the_ledger_fails_alone_and_holds_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whatever breaks while one claim's decision is turned into events, that claim is failed
+    with the reason, the ledger holds nothing for it, and the next claim is decided."""
+    book = ledger()
+    book.apply(inventory("dgx-h100", "n1"), live=False)
+    real = Ledger._command
+
+    def command(self: Ledger, uid: str, *args: Any) -> PartitionRequested:
+        if uid == request(1, {}).uid:
+            raise KeyError(("placement", 0))
+        return real(self, uid, *args)
+
+    monkeypatch.setattr(Ledger, "_command", command)
+    [failed] = book.apply(request(1, mig("1g.10gb")))
+    assert isinstance(failed, ClaimFailed) and failed.cause == "internal"
+    assert "internal error: KeyError" in failed.reason and "nothing was allocated" in failed.reason
+    assert book.decided[failed.uid] == "failed"
+    assert book.fleet.allocation(failed.uid) is None
+    assert failed.uid not in book.commands.values()
+    after = book.apply(request(2, mig("1g.10gb")))
+    # exactly what a ledger that never saw the failed claim decides: nothing of it is left behind
+    baseline = ledger()
+    baseline.apply(inventory("dgx-h100", "n1"), live=False)
+    expected = baseline.apply(request(2, mig("1g.10gb")))
+
+    def untimed(events: list[Event]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in msgspec.to_builtins(e).items() if k != "time"} for e in events]
+
+    assert untimed(after) == untimed(expected)
+    assert isinstance(after[-1], ClaimAllocated)
+    assert book.snapshot()["held"] == baseline.snapshot()["held"]

@@ -83,3 +83,70 @@ def test_a_rebuild_that_skipped_the_demand_mix_would_decide_differently() -> Non
     for event in events[middle:]:
         differ += untimed(forgetful.apply(event)) != untimed(live.apply(event))
     assert differ > 0
+
+
+HOSTILE = [
+    # a selector that fails at run time, a count no node has, an opaque config that does not parse
+    {
+        "devices": {
+            "requests": [
+                {
+                    "name": "gpus",
+                    "exactly": {
+                        "deviceClassName": "gpu.tangram.dev",
+                        "selectors": [
+                            {"cel": {"expression": 'device.attributes["gpu.tangram.dev"].index / 0 == 1'}}
+                        ],
+                    },
+                }
+            ]
+        }
+    },
+    gpus(9),
+    {
+        **gpus(2),
+        "devices": {
+            **gpus(2)["devices"],
+            "config": [
+                {
+                    "opaque": {
+                        "driver": "gpu.tangram.dev",
+                        "parameters": {
+                            "apiVersion": "gpu.tangram.dev/v1alpha1",
+                            "kind": "TopologyConfig",
+                            "interconnect": "warp",
+                        },
+                    }
+                }
+            ],
+        },
+    },
+]
+
+
+def test_a_rebuild_counts_no_hostile_claim_in_the_demand_mix_as_the_live_fold_did_not() -> None:
+    """Hostile claims fail live without entering the mix; a rebuild reads their failures (with
+    the cause) and leaves them out too, so the rebuilt allocator decides what comes next alike."""
+    events = trace(11, 120)
+    for n, at in enumerate(range(5, len(events), 9)):
+        events.insert(at, request(1000 + n, HOSTILE[n % len(HOSTILE)], namespace="tenant"))
+    middle = len(events) // 2
+    live = live_ledger()
+    log: list[Event] = []
+    causes: set[str] = set()
+    for event in events[:middle]:
+        log.append(event)
+        decided = [e for e in live.apply(event) if isinstance(e, ClaimAllocated | ClaimFailed)]
+        causes |= {e.cause for e in decided if isinstance(e, ClaimFailed) and e.namespace == "tenant"}
+        log.extend(decided)
+    assert causes == {"claim", "hardware"}
+    rebuilt = live_ledger()
+    for event in log:
+        rebuilt.apply(event, live=False)
+    assert rebuilt.fleet.snapshot() == live.fleet.snapshot()
+    weights = [(k.order, live.fleet._index.demand.weight(k.key)) for k in live.fleet._index.tracked]
+    assert [
+        (k.order, rebuilt.fleet._index.demand.weight(k.key)) for k in rebuilt.fleet._index.tracked
+    ] == weights
+    for event in events[middle:]:
+        assert untimed(rebuilt.apply(event)) == untimed(live.apply(event))

@@ -29,6 +29,7 @@ from tangram.allocation.model import (
     PartitionPlan,
     Policy,
     Release,
+    internal_failure,
 )
 from tangram.allocation.node import ExistingInstance, NodeState
 from tangram.allocation.placement import Choice, DemandIndex, fit_state, options_on
@@ -81,6 +82,7 @@ class FleetState:
         self._eligible = EligibilityCache()
         self._index = DemandIndex(self._shapes, self._eligible_on)
         self._noted: set[str] = set()  # claims counted in the demand mix
+        self._last_note: tuple[str, Callable[[], None]] | None = None  # what uncount() undoes
         self._made: set[tuple[str, int, int, int]] = set()  # (node, GPU, profile id, start) Tangram created
         # node -> UUIDs of the MIG instances destroyed last (UUIDs are never reused; the oldest are
         # forgotten, as no inventory is that late), in the order they were destroyed
@@ -218,18 +220,23 @@ class FleetState:
         except Exception as error:
             # Nothing is held before _commit's last steps, so the fleet is as it was: the claim
             # fails alone and the next one is decided.
-            decision = Failed(
-                claim_uid=claim.uid,
-                reason=(
-                    f"Tangram could not decide this claim (internal error: {type(error).__name__}: "
-                    f"{error}); nothing was allocated. Report it with the claim's spec."
-                ),
-                cause="internal",
-            )
-        if undo is not None and not counts_as_demand(decision):
-            undo()
-            self._noted.discard(claim.uid)
+            decision = Failed(claim_uid=claim.uid, reason=internal_failure(error), cause="internal")
+        self._last_note = None
+        if undo is not None:
+            if counts_as_demand(decision):
+                self._last_note = (claim.uid, undo)
+            else:
+                undo()
+                self._noted.discard(claim.uid)
         return decision
+
+    def uncount(self, claim_uid: str) -> None:
+        """Take the claim just decided back out of the demand mix, exactly (its decision could not
+        be carried out after all). Only the last decision can be taken back."""
+        if self._last_note is not None and self._last_note[0] == claim_uid:
+            self._last_note[1]()
+            self._noted.discard(claim_uid)
+        self._last_note = None
 
     def note_demand(self, claim: Claim, classes: Mapping[str, DeviceClass]) -> None:
         """Count a claim read from the log in the demand mix, as allocate() did when it was live.

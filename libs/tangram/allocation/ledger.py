@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from tangram.allocation.fleet import FleetState
-from tangram.allocation.model import Allocated, Claim, PartitionPlan, Policy, Release
+from tangram.allocation.model import Allocated, Claim, PartitionPlan, Policy, Release, internal_failure
 from tangram.allocation.spec import DeviceClass
 from tangram.events import (
     CLAIMS_STREAM,
@@ -111,7 +111,12 @@ class Ledger:
                     self.decided.pop(event.uid, None)
                 if live and self._to_decide(event):
                     self._undecided.pop(event.uid, None)
-                    return self._decide(event)
+                    try:
+                        return self._decide(event)
+                    except Exception as error:
+                        # One claim that cannot be decided must not stop the claims after it
+                        # (redelivered, then dead-lettered, while the next ones wait behind it).
+                        return self._failed_inside(event, error)
                 if not live and self._to_decide(event):
                     # Deciding counts the claim in the demand mix; a claim read back from the log
                     # is counted at its decision instead, in the same order, so a rebuild weighs
@@ -291,6 +296,29 @@ class Ledger:
         )
         # The partition commands go first: the cdi service waits on them once it sees the allocation.
         return [*commands, allocated]
+
+    def _failed_inside(self, request: ClaimRequested, error: Exception) -> list[Event]:
+        """The claim fails with what went wrong, and the ledger holds nothing for it."""
+        self.fleet.release(request.uid, destroy_mig=False)
+        self.fleet.uncount(request.uid)  # a failure inside is not demand, as a rebuild reads it
+        for command_id in [c for c, uid in self.commands.items() if uid == request.uid]:
+            del self.commands[command_id]
+            self.command_nodes.pop(command_id, None)
+        self.decided[request.uid] = "failed"
+        return [
+            ClaimFailed(
+                key=request.key,
+                event_id=derived_id(request.uid, "failed", "internal", request.attempt),
+                producer=self.producer,
+                namespace=request.namespace,
+                name=request.name,
+                uid=request.uid,
+                reason=internal_failure(error),
+                positions=dict(self.positions),
+                attempt=request.attempt,
+                cause="internal",
+            )
+        ]
 
     def _command(self, uid: str, node: str, plan: PartitionPlan, action: str) -> PartitionRequested:
         command_id = partition_command_id(

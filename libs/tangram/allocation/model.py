@@ -69,6 +69,15 @@ class Failed(msgspec.Struct, frozen=True, kw_only=True, tag="failed"):
 Decision = Allocated | Failed
 
 
+def internal_failure(error: BaseException) -> str:
+    """The reason given for a claim the allocator failed to decide: what went wrong, and that
+    nothing was held for it."""
+    return (
+        f"Tangram could not decide this claim (internal error: {type(error).__name__}: {error}); "
+        "nothing was allocated. Report it with the claim's spec."
+    )
+
+
 class Release(msgspec.Struct, frozen=True, kw_only=True):
     claim_uid: str
     node: str | None = None
