@@ -62,7 +62,8 @@ from tangram.k8s.claimbridge import (
     uses_claim,
     warning_event,
 )
-from tangram.kube import KubeApiError, call_json, record_event
+from tangram.kube import KubeApiError, call_json
+from tangram.kube.events import record_event
 from tangram.kube.watching import list_then_watch
 from tangram.service import first
 

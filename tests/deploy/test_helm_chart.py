@@ -672,7 +672,17 @@ ROLE_WORKLOAD = {
 # the benchmarks (`tangram bench kubernetes` drives its own control plane).
 NOT_SERVICE_CODE = {"controlplane.py", "helm.py"}
 NOT_SERVICE_FOLDERS = {ROOT / "libs" / "tangram" / "cluster", ROOT / "libs" / "tangram" / "bench"}
+# Shared helpers that make a call on their caller's behalf: the call is charged to the role of each
+# module that uses the helper, never to the role of the module that defines it.
+CALLING_HELPERS = {"record_event": ROOT / "libs" / "tangram" / "kube" / "events.py"}
+# list_then_watch streams the list call its caller passes: that caller watches.
+WATCHING = re.compile(r"\bWatch\(|\blist_then_watch\(")
 _API_CALL = re.compile(r"\.((?:create|read|replace|patch|delete|list|watch)_(?:namespaced_)?[a-z_]+?)\(")
+_LIST_CALL = re.compile(r"\.(list_[a-z_]+)\b")
+
+
+def _calls_in(text: str) -> set[str]:
+    return {n for n in _API_CALL.findall(text) if not n.endswith(("_task", "_text", "_bytes"))}
 
 
 def _role_of(path: Path) -> str:
@@ -687,13 +697,20 @@ def _api_calls(role: str) -> set[str]:
                 continue
             if _role_of(path) != role:
                 continue
-            text = path.read_text()
-            if "kubernetes_asyncio" not in text:
+            if path in CALLING_HELPERS.values():
                 continue
-            found = {n for n in _API_CALL.findall(text) if not n.endswith(("_task", "_text", "_bytes"))}
+            text = path.read_text()
+            if "kubernetes_asyncio" not in text and "tangram.kube" not in text:
+                continue
+            found = _calls_in(text)
+            for helper, defined_in in CALLING_HELPERS.items():
+                if re.search(rf"\b{helper}\(", text):
+                    found |= _calls_in(defined_in.read_text())
             calls |= found
-            if re.search(r"\bWatch\(", text):
-                calls |= {f"watch:{name}" for name in found if name.startswith("list_")}
+            if WATCHING.search(text):
+                # the watched list call may be passed uncalled (to list_then_watch)
+                listed = set(_LIST_CALL.findall(text)) | {n for n in found if n.startswith("list_")}
+                calls |= {f"watch:{name}" for name in listed}
     return calls
 
 
@@ -718,6 +735,11 @@ def test_the_api_calls_are_found_in_the_code_of_each_role() -> None:
     } <= _api_calls("admission")
     assert not _api_calls("node") & _api_calls("authcallout")
     assert {"replace_namespaced_resource_claim_status", "patch_namespaced_pod"} <= _api_calls("allocator")
+    # an Event recorded through the shared helper is charged to its callers, not to the node pod
+    assert "create_namespaced_event" in _api_calls("allocator") & _api_calls("admission")
+    assert "create_namespaced_event" not in _api_calls("node")
+    # a watch made through list_then_watch is the caller's
+    assert "watch:list_pod_for_all_namespaces" in _api_calls("allocator") & _api_calls("admission")
     # both read a pod (the callout a token's, the webhook a gated one); nothing else is shared
     assert _api_calls("authcallout") & _api_calls("admission") == {"read_namespaced_pod"}
 

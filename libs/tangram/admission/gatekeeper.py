@@ -39,7 +39,8 @@ from prometheus_client import Counter
 from tangram.k8s.alive import ALLOCATOR_LEASE, allocator_alive
 from tangram.k8s.claimbridge import warning_event
 from tangram.k8s.gates import holds_gate, remove_gate_patch
-from tangram.kube import KubeApiError, call_json, record_event
+from tangram.kube import KubeApiError, call_json
+from tangram.kube.events import record_event
 from tangram.kube.watching import list_then_watch
 
 log = logging.getLogger("tangram.admission.gatekeeper")

@@ -7,7 +7,6 @@ from tangram.kube.client import (
     call,
     call_json,
     connect,
-    record_event,
     relist_delay,
 )
 from tangram.kube.layout import LayoutError, SliceLayout, detect_layout
@@ -27,7 +26,6 @@ __all__ = [
     "call_json",
     "connect",
     "detect_layout",
-    "record_event",
     "relist_delay",
     "spec_hash",
 ]
