@@ -24,6 +24,7 @@ from tangram.allocation.placement import DemandIndex
 from tangram.allocation.requests import resolve
 from tangram.allocation.spec import parse_claim_spec
 from tangram.events.inventory import NodeHardware
+from tests.allocation.hostile import CEL_RUNTIME_ERRORS, HOSTILE_CONFIGS, hostile_specs
 from tests.allocation.machines import (
     CLASSES,
     DOMAIN,
@@ -36,45 +37,6 @@ from tests.allocation.machines import (
     profile_is,
     request,
 )
-from tests.fuzz.strategies import hostile_values, text
-
-ATTR = f'device.attributes["{DOMAIN}"]'
-
-# Every kind of error the CEL evaluator raises at run time, each from a selector that compiles.
-# Most depend on the device, so some devices evaluate and others fail, as a real selector would.
-CEL_RUNTIME_ERRORS = {
-    "division by zero": f"{ATTR}.index / 0 == 1",
-    "modulo by zero": f"{ATTR}.index % 0 == 1",
-    "int overflow": f"{ATTR}.index + 9223372036854775807 > 0",
-    "int underflow": f"-9223372036854775807 - {ATTR}.index - 2 < 0",
-    "multiplication overflow": f"({ATTR}.index + 2) * 9223372036854775807 > 0",
-    "uint underflow": f"uint({ATTR}.index) - 9u > 0u",
-    "index out of range": f"[1, 2][{ATTR}.index + 5] == 1",
-    "negative index": f"[1, 2][-1 - {ATTR}.index] == 1",
-    "string to int": f"int({ATTR}.uuid) == 1",
-    "int to uint": f"uint(-1 - {ATTR}.index) == 1u",
-    "double to int": f"int(1e100 + double({ATTR}.index)) == 1",
-    "string to bool": f"bool({ATTR}.uuid)",
-    "bad regex": f'{ATTR}.uuid.matches("[")',
-    "type mismatch": f"{ATTR}.uuid + 1 == 2",
-    "no such overload": f"{ATTR}.uuid[1] == 1",
-    "missing attribute": f'{ATTR}["noSuchAttribute"] == 1',
-    "missing capacity": f'device.capacity["{DOMAIN}"].noSuchCapacity.isInteger()',
-    "missing map key": f'{{"a": 1}}[{ATTR}.uuid] == 1',
-    "bad quantity": f"quantity({ATTR}.uuid).isInteger()",
-    "bad semver": f"semver({ATTR}.uuid).major() == 1",
-    "bad timestamp": f'timestamp({ATTR}.uuid) < timestamp("2020-01-01T00:00:00Z")',
-    "bad duration": f'duration({ATTR}.uuid) > duration("1s")',
-}
-
-HOSTILE_CONFIGS: list[Any] = [
-    {"apiVersion": "gpu.tangram.dev/v1alpha1", "kind": "TopologyConfig", "interconnect": "warp"},
-    {"apiVersion": "gpu.tangram.dev/v1alpha1", "kind": "TopologyConfig", "minPairBandwidthGBps": -1},
-    {"apiVersion": "gpu.tangram.dev/v1alpha1", "kind": "TopologyConfig", "minPairBandwidthGBps": "x"},
-    {"apiVersion": "gpu.tangram.dev/v9", "kind": "TopologyConfig", "interconnect": "NVLink"},
-    {"apiVersion": "gpu.tangram.dev/v1alpha1", "kind": "Other"},
-    {"apiVersion": "gpu.tangram.dev/v1alpha1", "kind": "TopologyConfig", "placement": ["Pack"] * 50},
-]
 
 
 def fleet_nodes() -> list[NodeHardware]:
@@ -299,29 +261,6 @@ plain_steps = st.lists(
     ),
     min_size=1,
     max_size=30,
-)
-
-hostile_specs: st.SearchStrategy[Any] = st.one_of(
-    st.builds(
-        lambda expression, device_class: {
-            "devices": {"requests": [request(device_class=device_class, selectors=(expression,))]}
-        },
-        st.sampled_from(sorted(CEL_RUNTIME_ERRORS.values())),
-        st.sampled_from(["gpu.tangram.dev", "mig.gpu.tangram.dev", "any.gpu.tangram.dev"]),
-    ),
-    st.builds(
-        lambda config, count: {
-            "devices": {
-                "requests": [request(count=count)],
-                "config": [{"opaque": {"driver": DOMAIN, "parameters": config}}],
-            }
-        },
-        st.sampled_from(HOSTILE_CONFIGS) | st.dictionaries(text, hostile_values, min_size=1, max_size=3),
-        st.integers(1, 4),
-    ),
-    st.builds(lambda count: {"devices": {"requests": [request(count=count)]}}, st.integers(9, 10**6)),
-    st.builds(lambda name: {"devices": {"requests": [request(device_class=name)]}}, text),
-    hostile_values.filter(lambda value: not isinstance(value, dict)),
 )
 
 

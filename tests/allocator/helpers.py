@@ -1,14 +1,30 @@
-"""Simulated nodes and claims for the allocator service tests."""
+"""Simulated nodes and claims for the allocator service tests, and the allocator run against them."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
+from services.allocator.service import run
+from services.allocator.settings import AllocatorSettings
 from tangram.allocation import DeviceClass
-from tangram.events import ClaimRequested, NodeHardware, NodeInventory, subject_token
+from tangram.bus import Bus
+from tangram.events import (
+    CLAIMS_STREAM,
+    ClaimAllocated,
+    ClaimFailed,
+    ClaimRequested,
+    Event,
+    NodeHardware,
+    NodeInventory,
+    subject_token,
+)
 from tangram.k8s.deviceclasses import load_shipped_device_classes
 from tangram.nvml import SimNvml
 from tangram.nvml.inventory import read_node_hardware
+from tangram.service import ServiceContext
 
 # The shipped DeviceClasses, by name: what the allocator decides with by default.
 CLASSES = {c.name: c for c in (DeviceClass.from_manifest(m) for m in load_shipped_device_classes())}
@@ -52,3 +68,34 @@ def mig(profile: str) -> dict[str, Any]:
 def request(n: int, spec: dict[str, Any], namespace: str = "team") -> ClaimRequested:
     uid = f"00000000-0000-4000-8000-{n:012d}"
     return ClaimRequested(key=uid, namespace=namespace, name=f"claim-{n}", uid=uid, spec=spec)
+
+
+@asynccontextmanager
+async def allocator(bus: Bus, url: str) -> AsyncIterator[ServiceContext]:
+    ctx = ServiceContext(name="allocator", bus=bus, stop=asyncio.Event())
+    task = asyncio.create_task(run(ctx, AllocatorSettings(nats_urls=(url,))))
+    await asyncio.wait_for(ctx.ready.wait(), 30)
+    try:
+        yield ctx
+    finally:
+        ctx.stop.set()
+        await task
+
+
+async def log(bus: Bus, stream: str = CLAIMS_STREAM) -> list[Event]:
+    return [e async for _, e in bus.replay(stream)]
+
+
+async def until(
+    bus: Bus, predicate: Callable[[list[Event]], bool], stream: str = CLAIMS_STREAM
+) -> list[Event]:
+    async def poll() -> list[Event]:
+        while not predicate(events := await log(bus, stream)):
+            await asyncio.sleep(0.05)
+        return events
+
+    return await asyncio.wait_for(poll(), 30)
+
+
+def decisions(events: list[Event]) -> list[Event]:
+    return [e for e in events if isinstance(e, ClaimAllocated | ClaimFailed)]

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 
 import msgspec
 from prometheus_client import REGISTRY
@@ -13,51 +11,18 @@ from services.allocator.service import run
 from services.allocator.settings import AllocatorSettings
 from tangram.bus import Bus
 from tangram.events import (
-    CLAIMS_STREAM,
     DEADLETTER_STREAM,
     NODES_STREAM,
     ClaimAllocated,
     ClaimFailed,
     ClaimReleased,
     DeadLetter,
-    Event,
     PartitionRequested,
 )
 from tangram.natsserver import NatsServer
 from tangram.service import ServiceContext
 
-from .helpers import gpus, inventory, mig, request
-
-
-@asynccontextmanager
-async def allocator(bus: Bus, url: str) -> AsyncIterator[ServiceContext]:
-    ctx = ServiceContext(name="allocator", bus=bus, stop=asyncio.Event())
-    task = asyncio.create_task(run(ctx, AllocatorSettings(nats_urls=(url,))))
-    await asyncio.wait_for(ctx.ready.wait(), 30)
-    try:
-        yield ctx
-    finally:
-        ctx.stop.set()
-        await task
-
-
-async def log(bus: Bus, stream: str = CLAIMS_STREAM) -> list[Event]:
-    return [e async for _, e in bus.replay(stream)]
-
-
-async def until(
-    bus: Bus, predicate: Callable[[list[Event]], bool], stream: str = CLAIMS_STREAM
-) -> list[Event]:
-    async def poll() -> list[Event]:
-        while not predicate(events := await log(bus, stream)):
-            await asyncio.sleep(0.05)
-        return events
-
-    return await asyncio.wait_for(poll(), 30)
-
-
-def decisions(events: list[Event]) -> list[Event]:
-    return [e for e in events if isinstance(e, ClaimAllocated | ClaimFailed)]
+from .helpers import allocator, decisions, gpus, inventory, log, mig, request, until
 
 
 async def test_decides_claims_and_sends_partition_commands(bus: Bus, nats_server: NatsServer) -> None:

@@ -12,8 +12,7 @@ from tangram.bus.deadletters import PREFIX_BYTES
 from tangram.events import CLAIMS_STREAM, DEADLETTER_STREAM, INVENTORY_STREAM, ClaimAllocated, DeadLetter
 from tangram.natsserver import NatsServer
 
-from .helpers import gpus, inventory, request
-from .test_allocator_service import allocator, decisions, until
+from .helpers import allocator, decisions, gpus, inventory, request, until
 
 DEPTH = 1000
 INVENTORY = INVENTORY_STREAM
