@@ -700,12 +700,12 @@ def _api_calls(role: str) -> set[str]:
             if path in CALLING_HELPERS.values():
                 continue
             text = path.read_text()
-            if "kubernetes_asyncio" not in text and "tangram.kube" not in text:
+            helpers = [h for h in CALLING_HELPERS if re.search(rf"\b{h}\(", text)]
+            if "kubernetes_asyncio" not in text and not helpers and not WATCHING.search(text):
                 continue
             found = _calls_in(text)
-            for helper, defined_in in CALLING_HELPERS.items():
-                if re.search(rf"\b{helper}\(", text):
-                    found |= _calls_in(defined_in.read_text())
+            for helper in helpers:
+                found |= _calls_in(CALLING_HELPERS[helper].read_text())
             calls |= found
             if WATCHING.search(text):
                 # the watched list call may be passed uncalled (to list_then_watch)
