@@ -134,6 +134,10 @@ async def started_node(
         codes = cluster.stop()
         with contextlib.suppress(KubeApiError):
             await call("delete namespace", CoreV1Api(kube).delete_namespace(unique))
+        # a node left behind, with its ResourceSlices, is one kube-scheduler may bind a later
+        # test's pod to, where no kubelet runs
+        with contextlib.suppress(KubeApiError):
+            await call("delete node", CoreV1Api(kube).delete_node(name))
         assert all(code == 0 for name, code in codes.items() if name not in cluster.crashed), codes
 
 
