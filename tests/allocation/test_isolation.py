@@ -11,12 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tangram.allocation import Allocated, Claim, Decision, Failed, FleetState
+from tangram.allocation import Allocated, Decision, Failed, FleetState
 from tangram.allocation import fleet as fleet_module
 from tangram.allocation.demand import claim_kind
 from tangram.allocation.eligibility import Eligible, evaluate
@@ -24,52 +23,23 @@ from tangram.allocation.placement import DemandIndex
 from tangram.allocation.requests import resolve
 from tangram.allocation.spec import parse_claim_spec
 from tangram.events.inventory import NodeHardware
-from tests.allocation.hostile import CEL_RUNTIME_ERRORS, HOSTILE_CONFIGS, hostile_specs
 from tests.allocation.machines import (
     CLASSES,
     DOMAIN,
-    a100_mig,
-    claim,
-    h100_nvl,
-    hgx,
-    l40s,
-    nvlink_config,
-    profile_is,
     request,
 )
-
-
-def fleet_nodes() -> list[NodeHardware]:
-    """NVSwitch, bridged pairs, MIG on Ampere and no NVLink: no node has more than 8 GPUs."""
-    return [hgx("hgx-a"), hgx("hgx-b", kind="h200"), h100_nvl("nvl"), a100_mig("a100"), l40s("l40s")]
-
-
-def whole(i: int, count: int, nvlink: bool = False) -> Claim:
-    extra = {"config": nvlink_config("gpus")} if nvlink else {}
-    return _plain(i, claim(f"whole-{i}", request(count=count), **extra))
-
-
-def mig(i: int, profile: str) -> Claim:
-    return _plain(
-        i, claim(f"mig-{i}", request(device_class="mig.gpu.tangram.dev", selectors=(profile_is(profile),)))
-    )
-
-
-def _plain(i: int, made: Claim) -> Claim:
-    return msgspec.structs.replace(made, namespace="plain", uid=f"plain-{i}")
-
-
-def hostile(i: int, spec: Any) -> Claim:
-    return Claim(namespace="tenant", name=f"hostile-{i}", uid=f"hostile-{i}", spec=spec)
-
-
-def selector_claim(i: int, expression: str, device_class: str = "gpu.tangram.dev") -> Claim:
-    return hostile(
-        i, {"devices": {"requests": [request(device_class=device_class, selectors=(expression,))]}}
-    )
-
-
-Step = Claim | str  # a claim to decide, or the uid of a claim to release
+from tests.allocation.tenants import (
+    CEL_RUNTIME_ERRORS,
+    HOSTILE_CONFIGS,
+    PLAIN,
+    Step,
+    fleet_nodes,
+    hostile,
+    hostile_specs,
+    mig,
+    selector_claim,
+    whole,
+)
 
 
 def run(
@@ -90,22 +60,6 @@ def run(
 
 def plain_only(outcomes: dict[str, Any]) -> dict[str, Any]:
     return {uid: outcome for uid, outcome in outcomes.items() if "hostile" not in uid}
-
-
-PLAIN: list[Step] = [
-    whole(0, 1),
-    mig(1, "1g.10gb"),
-    whole(2, 4, nvlink=True),
-    mig(3, "3g.40gb"),
-    whole(4, 2, nvlink=True),
-    "plain-0",
-    mig(5, "2g.20gb"),
-    whole(6, 1),
-    "plain-1",
-    whole(7, 8, nvlink=True),
-    mig(8, "1g.20gb"),
-    whole(9, 2),
-]
 
 
 def test_the_plain_trace_exercises_what_isolation_protects() -> None:

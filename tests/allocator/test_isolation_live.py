@@ -34,9 +34,18 @@ from tangram.events import (
 )
 from tangram.events.codec import encode
 from tangram.natsserver import NatsServer
-from tests.allocation.hostile import CEL_RUNTIME_ERRORS, HOSTILE_CONFIGS, hostile_specs
 from tests.allocation.machines import DOMAIN, request
-from tests.allocation.test_isolation import PLAIN, Step, fleet_nodes, hostile, selector_claim, whole
+from tests.allocation.tenants import (
+    CEL_RUNTIME_ERRORS,
+    HOSTILE_CONFIGS,
+    PLAIN,
+    Step,
+    fleet_nodes,
+    hostile,
+    hostile_specs,
+    selector_claim,
+    whole,
+)
 
 from .helpers import allocator, decisions, log, until
 

@@ -1,15 +1,78 @@
-"""Hostile claims a tenant can write: selectors that fail while evaluated, opaque configs that do
-not parse, counts no node has, and hypothesis strategies drawing all of them. Shared by the offline
-and live isolation tests, which check that such claims change nothing for anyone else."""
+"""Two tenants' claims for the isolation tests (offline and live): a plain trace over a fleet of
+five kinds of node, and the hostile claims a tenant can write (selectors that fail while evaluated,
+opaque configs that do not parse, counts no node has) with hypothesis strategies drawing them."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from hypothesis import strategies as st
 
-from tests.allocation.machines import DOMAIN, request
+from tangram.allocation import Claim
+from tangram.events.inventory import NodeHardware
+from tests.allocation.machines import (
+    DOMAIN,
+    a100_mig,
+    claim,
+    h100_nvl,
+    hgx,
+    l40s,
+    nvlink_config,
+    profile_is,
+    request,
+)
 from tests.fuzz.strategies import hostile_values, text
+
+
+def fleet_nodes() -> list[NodeHardware]:
+    """NVSwitch, bridged pairs, MIG on Ampere and no NVLink: no node has more than 8 GPUs."""
+    return [hgx("hgx-a"), hgx("hgx-b", kind="h200"), h100_nvl("nvl"), a100_mig("a100"), l40s("l40s")]
+
+
+def whole(i: int, count: int, nvlink: bool = False) -> Claim:
+    extra = {"config": nvlink_config("gpus")} if nvlink else {}
+    return _plain(i, claim(f"whole-{i}", request(count=count), **extra))
+
+
+def mig(i: int, profile: str) -> Claim:
+    return _plain(
+        i, claim(f"mig-{i}", request(device_class="mig.gpu.tangram.dev", selectors=(profile_is(profile),)))
+    )
+
+
+def _plain(i: int, made: Claim) -> Claim:
+    return msgspec.structs.replace(made, namespace="plain", uid=f"plain-{i}")
+
+
+def hostile(i: int, spec: Any) -> Claim:
+    return Claim(namespace="tenant", name=f"hostile-{i}", uid=f"hostile-{i}", spec=spec)
+
+
+def selector_claim(i: int, expression: str, device_class: str = "gpu.tangram.dev") -> Claim:
+    return hostile(
+        i, {"devices": {"requests": [request(device_class=device_class, selectors=(expression,))]}}
+    )
+
+
+Step = Claim | str  # a claim to decide, or the uid of a claim to release
+
+
+PLAIN: list[Step] = [
+    whole(0, 1),
+    mig(1, "1g.10gb"),
+    whole(2, 4, nvlink=True),
+    mig(3, "3g.40gb"),
+    whole(4, 2, nvlink=True),
+    "plain-0",
+    mig(5, "2g.20gb"),
+    whole(6, 1),
+    "plain-1",
+    whole(7, 8, nvlink=True),
+    mig(8, "1g.20gb"),
+    whole(9, 2),
+]
+
 
 ATTR = f'device.attributes["{DOMAIN}"]'
 
