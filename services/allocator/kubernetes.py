@@ -59,7 +59,6 @@ from tangram.k8s.claimbridge import (
     same_allocation,
     taken_by_others,
     ungate_patch,
-    uses_claim,
     warning_event,
 )
 from tangram.kube import KubeApiError, call_json
@@ -106,6 +105,10 @@ class ClaimBridge:
         self.classes: dict[str, dict[str, Any]] = {}
         self.claims: dict[Key, dict[str, Any]] = {}
         self.pods: dict[Key, dict[str, Any]] = {}
+        # (namespace, claim name) -> the pods kept that use that claim: finding a claim's pods
+        # never walks every pod (a namespace's flood of thousands would make each claim's turn,
+        # and each listing, cost as much as all of them).
+        self._users: dict[Key, set[Key]] = {}
         self._requested: dict[str, int] = {}  # uid -> the attempt asked last
         self._adopted: set[str] = set()
         self._known: set[str] = set()  # uids of claims this bridge asked about
@@ -298,8 +301,7 @@ class ClaimBridge:
         allocates a claim when it schedules a pod), never for a claim no pod waits for."""
         if "pods" not in self._listed:
             return False
-        ref = claim_ref(claim)
-        return any(gated(pod) and uses_claim(pod, ref) for pod in self.pods.values())
+        return any(gated(pod) for pod in self._users_of(claim_ref(claim)))
 
     def _decided_or_known(self) -> set[str]:
         return self._known | set(self._ledger.decided) | set(self._ledger.outside)
@@ -497,9 +499,7 @@ class ClaimBridge:
         self._warned[failed.uid] = failed.reason
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         suffix = derived_id(failed.uid, failed.attempt, "unschedulable")[:16]
-        involved = [("ResourceClaim", claim)] + [
-            ("Pod", pod) for pod in self.pods.values() if uses_claim(pod, claim_ref(claim))
-        ]
+        involved = [("ResourceClaim", claim)] + [("Pod", pod) for pod in self._users_of(claim_ref(claim))]
         for kind, obj in involved:
             event = warning_event(
                 obj,
@@ -519,15 +519,18 @@ class ClaimBridge:
             "list Pods",
             self._core.list_pod_for_all_namespaces(_preload_content=False, _request_timeout=self._timeout),
         )
-        self.pods = {_key(p): p for p in listed.get("items") or [] if _relevant(p)}
+        self.pods, self._users = {}, {}
+        for pod in listed.get("items") or []:
+            if _relevant(pod):
+                self._keep_pod(_key(pod), pod)
         return str(listed["metadata"].get("resourceVersion", ""))
 
     async def _pod_seen(self, kind: str, obj: dict[str, Any]) -> None:
         key = _key(obj)
         if kind == "DELETED" or not _relevant(obj):
-            self.pods.pop(key, None)
+            self._keep_pod(key, None)
             return
-        self.pods[key] = obj
+        self._keep_pod(key, obj)
         await self._pod_changed(obj)
 
     async def _pod_changed(self, pod: dict[str, Any]) -> None:
@@ -543,8 +546,7 @@ class ClaimBridge:
         await self._maybe_ungate(pod)
 
     async def _ungate_users(self, claim: dict[str, Any]) -> None:
-        ref = claim_ref(claim)
-        for pod in [p for p in self.pods.values() if gated(p) and uses_claim(p, ref)]:
+        for pod in [p for p in self._users_of(claim_ref(claim)) if gated(p)]:
             await self._maybe_ungate(pod)
 
     async def _maybe_ungate(self, pod: dict[str, Any]) -> None:
@@ -587,16 +589,31 @@ class ClaimBridge:
                 "scheduling gate removed",
                 extra={"pod": f"{namespace}/{name}", "tangram": self._uses_tangram(pod)},
             )
-            self.pods[(namespace, name)] = pod
+            self._keep_pod((namespace, name), pod)
             return
 
     def _uses_tangram(self, pod: dict[str, Any]) -> bool:
         namespace = _key(pod)[0]
-        return any(
-            is_tangrams(claim, self.classes)
-            for (ns, _), claim in self.claims.items()
-            if ns == namespace and uses_claim(pod, claim_ref(claim))
-        )
+        claims = [self.claims.get((namespace, name)) for name in pod_claims(pod) or []]
+        return any(claim is not None and is_tangrams(claim, self.classes) for claim in claims)
+
+    def _keep_pod(self, key: Key, pod: dict[str, Any] | None) -> None:
+        """Keep the pod as last seen (None: forget it), and which claims it uses."""
+        before = self.pods.pop(key, None)
+        for name in [] if before is None else pod_claims(before) or []:
+            users = self._users.get((key[0], name))
+            if users is not None:
+                users.discard(key)
+                if not users:
+                    del self._users[(key[0], name)]
+        if pod is not None:
+            self.pods[key] = pod
+            for name in pod_claims(pod) or []:
+                self._users.setdefault((key[0], name), set()).add(key)
+
+    def _users_of(self, ref: ClaimRef) -> list[dict[str, Any]]:
+        """The pods kept that use the claim (`uses_claim`), in a fixed order."""
+        return [self.pods[key] for key in sorted(self._users.get((ref.namespace, ref.name), ()))]
 
 
 def _relevant(pod: dict[str, Any]) -> bool:

@@ -11,6 +11,7 @@ import pytest
 from services.allocator.settings import AllocatorSettings
 from tangram import DRIVER_NAME
 from tangram.bench import kubernetes as kb
+from tangram.bench.kubesim import clean_machine
 from tangram.bench.traces import Arrival, ClaimShape, Departure, alive_at_end, machine_hardware
 from tangram.dra import node_devices
 from tangram.k8s.names import SCHEDULING_GATE
@@ -187,7 +188,7 @@ def test_the_table_shows_each_decider_and_the_ratio() -> None:
 
 def test_the_nodes_start_from_the_clean_machines_the_tally_lays_allocations_on(tmp_path: Path) -> None:
     for machine in kb.MACHINES:
-        simulated = machine_hardware(str(kb.clean_machine(machine, tmp_path)), keep_instances=True)
+        simulated = machine_hardware(str(clean_machine(machine, tmp_path)), keep_instances=True)
         [tallied] = kb.node_hardware([("template", machine)])
         assert not any(gpu.mig_instances or gpu.mig_enabled for gpu in simulated.gpus)
         names = [d.name for d in node_devices(simulated, driver=DRIVER_NAME).devices]

@@ -31,22 +31,20 @@ import contextlib
 import json
 import logging
 import secrets
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
 from kubernetes_asyncio.watch import Watch
 
 from tangram import DRIVER_NAME
 from tangram.allocation import Allocated, FleetState, NvlinkTally
+from tangram.bench.kubesim import BenchError, control_plane, simulated_nodes, until
 from tangram.bench.prepare import percentiles
 from tangram.bench.traces import (
     FLEET_MIX,
@@ -60,13 +58,10 @@ from tangram.bench.traces import (
 )
 from tangram.cli.allocate import renamed_machine
 from tangram.cluster.kubelet import NodeKubelet
-from tangram.cluster.up import install_device_classes
-from tangram.demo.cluster import LocalCluster, SimNode
 from tangram.events.inventory import NodeHardware
-from tangram.hardware import machines
 from tangram.k8s.names import SCHEDULING_GATE
 from tangram.kube import KubeApiError, call, call_json
-from tangram.kube.controlplane import ControlPlane, ControlPlaneError, register_node
+from tangram.kube.controlplane import ControlPlaneError
 
 DECIDERS = ("kube-scheduler", "tangram")
 MACHINES = ("hgx-h200", "h100-nvl-4x2")  # --nodes N cycles through these
@@ -82,11 +77,6 @@ DECISION_WAIT_S = 120.0  # a pod with no decision by then counts as not placed
 SETTLE_S = 2.0  # an unplaceable pod is given this long to be placed after all (scheduler retries)
 GONE_WAIT_S = 120.0
 PREPARED_WAIT_S = 60.0
-READY_WAIT_S = 180.0
-
-
-class BenchError(Exception):
-    """The benchmark cannot run or did not finish; the message is one line."""
 
 
 # --- the workload (pure) -------------------------------------------------------------------------
@@ -120,19 +110,6 @@ def node_hardware(nodes: list[tuple[str, str]]) -> list[NodeHardware]:
             templates[machine] = machine_hardware(machine)
         found.append(renamed_machine(templates[machine], name))
     return found
-
-
-def clean_machine(machine: str, folder: Path) -> Path:
-    """A shipped machine's YAML without its MIG instances and MIG mode (Hopper toggles it without
-    a reset): every decider starts from the same empty GPUs, so a placement over an instance
-    nobody asked for (which the node would refuse to make) never mixes into the comparison."""
-    data = yaml.safe_load((Path(machines.__file__).parent / f"{machine}.yaml").read_text())
-    for gpu in data["gpus"]:
-        gpu.pop("mig_instances", None)
-        gpu.pop("mig_enabled", None)
-    path = folder / f"{machine}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
 
 
 def template_name(shape: ClaimShape) -> str:
@@ -360,19 +337,6 @@ def allocator_decides_in_kubernetes() -> bool:
 # --- one run against the real control plane ------------------------------------------------------
 
 
-async def _until(what: str, check: Callable[[], Awaitable[Any]], limit_s: float, every: float = 0.05) -> Any:
-    """Poll `check` until it returns something truthy; the limit bounds a wait."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit_s
-    while True:
-        found = await check()
-        if found:
-            return found
-        if loop.time() > deadline:
-            raise BenchError(f"{what}: not within {limit_s:g} s")
-        await asyncio.sleep(every)
-
-
 @dataclass
 class _Run:
     api: Any
@@ -526,24 +490,7 @@ class _Run:
                 raise
             return False
 
-        await _until(f"pod {record.name} and its claim gone", gone, GONE_WAIT_S)
-
-
-async def _nodes_ready(api: Any, cluster: Any, names: list[str]) -> None:
-
-    resource = ResourceV1Api(api)
-
-    async def ready() -> bool:
-        dead = cluster.dead()
-        if dead:
-            raise BenchError("services exited: " + "; ".join(dead))
-        if not all(cluster.dra_socket(name).exists() for name in names):
-            return False
-        slices = await call("list ResourceSlices", resource.list_resource_slice())
-        published = {s.spec.node_name for s in slices.items if s.spec.driver == DRIVER_NAME}
-        return set(names) <= published
-
-    await _until("every node's plugin serving and slices published", ready, READY_WAIT_S, every=0.5)
+        await until(f"pod {record.name} and its claim gone", gone, GONE_WAIT_S)
 
 
 async def run_decider(
@@ -562,100 +509,98 @@ async def run_decider(
     the kubelet stand-ins are stopped either way)."""
     core, resource = CoreV1Api(api), ResourceV1Api(api)
     names = [name for name, _ in nodes]
-    for name in names:
-        await register_node(api, name, labels={RUN_LABEL: namespace})
-    await install_device_classes(api)
     await call("create namespace", core.create_namespace({"metadata": {"name": namespace}}))
-    for shape in sorted({op.shape for op in ops if isinstance(op, Arrival)}, key=lambda s: s.label):
-        await call(
-            f"create ResourceClaimTemplate {template_name(shape)}",
-            resource.create_namespaced_resource_claim_template(
-                namespace, template_manifest(shape, namespace)
-            ),
-        )
-    workdir = Path(tempfile.mkdtemp(prefix="tgm-", dir="/tmp"))
-    (workdir / "machines").mkdir()
-    files = {machine: clean_machine(machine, workdir / "machines") for machine in {m for _, m in nodes}}
-    cluster = LocalCluster(
-        [SimNode(name, str(files[machine])) for name, machine in nodes],
-        workdir=workdir,
-        kubeconfig=kubeconfig,
-        allocator_args=decider.allocator_args,
-    )
-    run = _Run(api, namespace, decider)
-    tally = PlacementTally(node_hardware(nodes))
-    stop = asyncio.Event()
-    cluster.start()
-    kubelets = [NodeKubelet(api, node=name, dra_socket=cluster.dra_socket(name)) for name in names]
-    tasks = [asyncio.create_task(k.run(stop)) for k in kubelets]
-    watcher = asyncio.create_task(run.watch(stop))
     try:
-        await _nodes_ready(api, cluster, names)
-        loop = asyncio.get_running_loop()
-        alive: dict[str, str] = {}  # pod name -> claim uid
-        departures = 0
-        stranded: float | None = None  # when the first pod cannot be placed
-        for op in ops:
-            name = pod_name(op.uid)
-            if not isinstance(op, Arrival):
-                if name in alive:
-                    # A pod runs before it ends: its claim prepared first (or given up on).
-                    await run.prepared(run.records[name], PREPARED_WAIT_S)
-                    await run.delete(run.records[name], alive[name])
-                    tally.released(alive.pop(name))
-                    departures += 1
-                continue
-            record = PodRecord(name=name, shape=op.shape, created=loop.time())
-            run.records[name] = record
-            manifest = pod_manifest(name, namespace, op.shape, run=namespace, gated=decider.gated)
-            await call(f"create pod {name}", core.create_namespaced_pod(namespace, manifest))
-            await run.decision(record)
-            if record.scheduled is None or record.node is None:
-                # Past saturation the trace goes on: the pod is taken away, so that it does not
-                # take capacity later that the trace counts as free.
-                if stranded is None:
-                    stranded = tally.stranded_gpus()
-                await run.delete(record, None)
-                continue
-            uid, devices = await run.allocation(record)
-            tally.placed(uid, record.node, devices)
-            alive[name] = uid
-        if stranded is None:
-            stranded = tally.stranded_gpus()
-
-        async def all_prepared() -> bool:
-            return all(run.records[name].prepared is not None for name in alive)
-
-        with contextlib.suppress(BenchError):
-            await _until("the admitted pods prepared", all_prepared, PREPARED_WAIT_S)
-        records = list(run.records.values())
-        return {
-            "decider": decider.name,
-            **run_report(records, stranded_gpus=stranded, nvlink=tally.nvlink, departures=departures),
-            "pods": [
-                {
-                    "pod": r.name,
-                    "claim": r.shape.label,
-                    "node": r.node,
-                    "scheduled": r.scheduled is not None,
-                    "prepared": r.prepared is not None,
-                }
-                for r in records
-            ],
-        }
+        for shape in sorted({op.shape for op in ops if isinstance(op, Arrival)}, key=lambda s: s.label):
+            await call(
+                f"create ResourceClaimTemplate {template_name(shape)}",
+                resource.create_namespaced_resource_claim_template(
+                    namespace, template_manifest(shape, namespace)
+                ),
+            )
+        async with simulated_nodes(
+            api,
+            kubeconfig,
+            nodes,
+            allocator_args=decider.allocator_args,
+            labels={RUN_LABEL: namespace},
+            cleanup=cleanup,
+            benchmark="kubernetes",
+        ) as cluster:
+            run = _Run(api, namespace, decider)
+            stop = asyncio.Event()
+            kubelets = [NodeKubelet(api, node=name, dra_socket=cluster.dra_socket(name)) for name in names]
+            tasks = [asyncio.create_task(k.run(stop)) for k in kubelets]
+            watcher = asyncio.create_task(run.watch(stop))
+            try:
+                return await _drive(run, core, node_hardware(nodes), ops)
+            finally:
+                stop.set()
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
+                await asyncio.gather(*tasks, return_exceptions=True)
     finally:
-        stop.set()
-        watcher.cancel()
-        await asyncio.gather(watcher, return_exceptions=True)
-        await asyncio.gather(*tasks, return_exceptions=True)
-        codes = cluster.stop()
         if cleanup:
             with contextlib.suppress(KubeApiError):
                 await call("delete namespace", core.delete_namespace(namespace))
-            shutil.rmtree(cluster.workdir, ignore_errors=True)
-        failed = {name: code for name, code in codes.items() if code != 0}
-        if failed:
-            print(f"tangram bench kubernetes: services that did not stop cleanly: {failed}", file=sys.stderr)
+
+
+async def _drive(run: _Run, core: Any, hardware: list[NodeHardware], ops: list[Op]) -> dict[str, Any]:
+    """The trace, pod by pod, on the running nodes; the run's report."""
+    namespace, decider = run.namespace, run.decider
+    tally = PlacementTally(hardware)
+    loop = asyncio.get_running_loop()
+    alive: dict[str, str] = {}  # pod name -> claim uid
+    departures = 0
+    stranded: float | None = None  # when the first pod cannot be placed
+    for op in ops:
+        name = pod_name(op.uid)
+        if not isinstance(op, Arrival):
+            if name in alive:
+                # A pod runs before it ends: its claim prepared first (or given up on).
+                await run.prepared(run.records[name], PREPARED_WAIT_S)
+                await run.delete(run.records[name], alive[name])
+                tally.released(alive.pop(name))
+                departures += 1
+            continue
+        record = PodRecord(name=name, shape=op.shape, created=loop.time())
+        run.records[name] = record
+        manifest = pod_manifest(name, namespace, op.shape, run=namespace, gated=decider.gated)
+        await call(f"create pod {name}", core.create_namespaced_pod(namespace, manifest))
+        await run.decision(record)
+        if record.scheduled is None or record.node is None:
+            # Past saturation the trace goes on: the pod is taken away, so that it does not
+            # take capacity later that the trace counts as free.
+            if stranded is None:
+                stranded = tally.stranded_gpus()
+            await run.delete(record, None)
+            continue
+        uid, devices = await run.allocation(record)
+        tally.placed(uid, record.node, devices)
+        alive[name] = uid
+    if stranded is None:
+        stranded = tally.stranded_gpus()
+
+    async def all_prepared() -> bool:
+        return all(run.records[name].prepared is not None for name in alive)
+
+    with contextlib.suppress(BenchError):
+        await until("the admitted pods prepared", all_prepared, PREPARED_WAIT_S)
+    records = list(run.records.values())
+    return {
+        "decider": decider.name,
+        **run_report(records, stranded_gpus=stranded, nvlink=tally.nvlink, departures=departures),
+        "pods": [
+            {
+                "pod": r.name,
+                "claim": r.shape.label,
+                "node": r.node,
+                "scheduled": r.scheduled is not None,
+                "prepared": r.prepared is not None,
+            }
+            for r in records
+        ],
+    }
 
 
 # --- the command ---------------------------------------------------------------------------------
@@ -709,21 +654,13 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     ops = workload(args.seed, capacity, pods=args.pods, saturation=args.saturation)
     runs: dict[str, Any] = {}
     for name in chosen:
-        plane = ControlPlane()
-        await asyncio.to_thread(plane.start)
-        try:
-            api = await plane.client()
-            try:
-                decider = tangram_decider(plane.kubeconfig) if name == "tangram" else kube_scheduler_decider()
-                started = time.monotonic()
-                runs[name] = await run_decider(
-                    api, plane.kubeconfig, nodes, ops, decider, namespace=f"bench-{secrets.token_hex(3)}"
-                )
-                runs[name]["run_s"] = round(time.monotonic() - started, 1)
-            finally:
-                await api.close()
-        finally:
-            await asyncio.to_thread(plane.stop)
+        async with control_plane() as (plane, api):
+            decider = tangram_decider(plane.kubeconfig) if name == "tangram" else kube_scheduler_decider()
+            started = time.monotonic()
+            runs[name] = await run_decider(
+                api, plane.kubeconfig, nodes, ops, decider, namespace=f"bench-{secrets.token_hex(3)}"
+            )
+            runs[name]["run_s"] = round(time.monotonic() - started, 1)
     result: dict[str, Any] = {
         "benchmark": "kubernetes",
         "seed": args.seed,

@@ -17,6 +17,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "tangram.bench.kubernetes",
         "pods with claims in a real control plane: kube-scheduler alone, and Tangram deciding",
     ),
+    "tenants": (
+        "tangram.bench.tenants",
+        "a flood of claims from one namespace beside another's few: their latency alone and under it",
+    ),
     "rebuild": ("tangram.bench.rebuild", "allocator cold restart: state rebuilt from the JetStream log"),
 }
 

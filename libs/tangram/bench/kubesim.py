@@ -1,0 +1,136 @@
+"""What the benchmarks that run in Kubernetes share: a fresh control plane, and Tangram's simulated
+nodes registered in it.
+
+`control_plane()` starts the pinned control plane (etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler) and yields it with a client; `simulated_nodes()` registers Nodes, installs the
+shipped DeviceClasses and starts a `LocalCluster` (NATS, the allocator, and discovery, partitioner
+and cdi per node, each from a clean machine: no MIG instance), and yields it once every node's
+DRA plugin serves and its ResourceSlices are published.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes_asyncio.client import ResourceV1Api
+
+from tangram import DRIVER_NAME
+from tangram.cluster.up import install_device_classes
+from tangram.demo.cluster import LocalCluster, SimNode
+from tangram.hardware import machines
+from tangram.kube import call
+from tangram.kube.controlplane import ControlPlane, register_node
+
+READY_WAIT_S = 180.0
+
+
+class BenchError(Exception):
+    """The benchmark cannot run or did not finish; the message is one line."""
+
+
+async def until(what: str, check: Callable[[], Awaitable[Any]], limit_s: float, every: float = 0.05) -> Any:
+    """Poll `check` until it returns something truthy; the limit bounds a wait."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    while True:
+        found = await check()
+        if found:
+            return found
+        if loop.time() > deadline:
+            raise BenchError(f"{what}: not within {limit_s:g} s")
+        await asyncio.sleep(every)
+
+
+def clean_machine(machine: str, folder: Path) -> Path:
+    """A shipped machine's YAML without its MIG instances and MIG mode (Hopper toggles it without
+    a reset): every run starts from the same empty GPUs, so a placement over an instance nobody
+    asked for (which the node would refuse to make) never mixes into a comparison."""
+    data = yaml.safe_load((Path(machines.__file__).parent / f"{machine}.yaml").read_text())
+    for gpu in data["gpus"]:
+        gpu.pop("mig_instances", None)
+        gpu.pop("mig_enabled", None)
+    path = folder / f"{machine}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@contextlib.asynccontextmanager
+async def control_plane() -> AsyncIterator[tuple[ControlPlane, Any]]:
+    """A fresh control plane and a cluster-admin client for it; both stopped on the way out."""
+    plane = ControlPlane()
+    await asyncio.to_thread(plane.start)
+    try:
+        api = await plane.client()
+        try:
+            yield plane, api
+        finally:
+            await api.close()
+    finally:
+        await asyncio.to_thread(plane.stop)
+
+
+async def _nodes_ready(api: Any, cluster: LocalCluster, names: Sequence[str]) -> None:
+    resource = ResourceV1Api(api)
+
+    async def ready() -> bool:
+        dead = cluster.dead()
+        if dead:
+            raise BenchError("services exited: " + "; ".join(dead))
+        if not all(cluster.dra_socket(name).exists() for name in names):
+            return False
+        slices = await call("list ResourceSlices", resource.list_resource_slice())
+        published = {s.spec.node_name for s in slices.items if s.spec.driver == DRIVER_NAME}
+        return set(names) <= published
+
+    await until("every node's plugin serving and slices published", ready, READY_WAIT_S, every=0.5)
+
+
+@contextlib.asynccontextmanager
+async def simulated_nodes(
+    api: Any,
+    kubeconfig: Path,
+    nodes: Sequence[tuple[str, str]],
+    *,
+    allocator_args: Sequence[str] = (),
+    labels: Mapping[str, str] | None = None,
+    cleanup: bool = True,
+    benchmark: str = "bench",
+) -> AsyncIterator[LocalCluster]:
+    """(node name, machine) registered as Nodes (with `labels`) and run as Tangram's simulated
+    nodes against the control plane of `kubeconfig`; the allocator gets `allocator_args`.
+
+    Yields the running cluster once every node is ready; its services are stopped on the way out
+    and, with `cleanup`, its working directory removed. A service that did not stop cleanly is
+    said on stderr, prefixed with `tangram bench <benchmark>`."""
+    names = [name for name, _ in nodes]
+    for name in names:
+        await register_node(api, name, labels=dict(labels or {}))
+    await install_device_classes(api)
+    workdir = Path(tempfile.mkdtemp(prefix="tgm-", dir="/tmp"))
+    (workdir / "machines").mkdir()
+    files = {machine: clean_machine(machine, workdir / "machines") for machine in {m for _, m in nodes}}
+    cluster = LocalCluster(
+        [SimNode(name, str(files[machine])) for name, machine in nodes],
+        workdir=workdir,
+        kubeconfig=kubeconfig,
+        allocator_args=tuple(allocator_args),
+    )
+    cluster.start()
+    try:
+        await _nodes_ready(api, cluster, names)
+        yield cluster
+    finally:
+        codes = cluster.stop()
+        if cleanup:
+            shutil.rmtree(cluster.workdir, ignore_errors=True)
+        failed = {name: code for name, code in codes.items() if code != 0}
+        if failed:
+            print(f"tangram bench {benchmark}: services that did not stop cleanly: {failed}", file=sys.stderr)
