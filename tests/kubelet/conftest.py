@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tangram.kubelet import ClaimEvent, InMemoryAllocationSource, KubeletPlugin, PluginConfig, build_plugin
-from tests.kubelet.fakes import NODE, TestKubelet, inventory
+from tangram.kubelet import ClaimEvent, KubeletPlugin, PluginConfig, build_plugin
+from tests.kubelet.fakes import NODE, TestKubelet, WatchedSource, inventory
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def kubelet_root() -> Iterator[Path]:
 @dataclass
 class PluginHarness:
     config: PluginConfig
-    source: InMemoryAllocationSource
+    source: WatchedSource
     kubelet: TestKubelet
     plugin: KubeletPlugin | None = None
     events: list[ClaimEvent] = field(default_factory=list)
@@ -38,7 +38,7 @@ class PluginHarness:
     async def record(self, event: ClaimEvent) -> None:
         self.events.append(event)
 
-    async def start(self, source: InMemoryAllocationSource | None = None) -> KubeletPlugin:
+    async def start(self, source: WatchedSource | None = None) -> KubeletPlugin:
         if source is not None:
             self.source = source
         self.plugin = await build_plugin(self.config, self.source, on_event=self.record)
@@ -79,7 +79,7 @@ async def harness(
     no_leaked_tasks: None, make_config: Any, kubelet_root: Path
 ) -> AsyncIterator[PluginHarness]:
     # Depends on the leak guard so that the guard looks only after the plugin's servers have stopped.
-    source = InMemoryAllocationSource(NODE)
+    source = WatchedSource(NODE)
     source.observe(inventory())
     kubelet = TestKubelet(kubelet_root)
     env = PluginHarness(config=make_config(), source=source, kubelet=kubelet)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import jsonschema  # type: ignore[import-untyped]
@@ -22,6 +24,8 @@ from tangram.events import (
     PartitionApplied,
     PartitionFailed,
 )
+from tangram.kubelet import InMemoryAllocationSource
+from tangram.kubelet.allocations import Pending
 from tangram.kubelet.proto import (
     dra_health_v1alpha1_pb2,
     dra_health_v1alpha1_pb2_grpc,
@@ -228,3 +232,25 @@ class TestKubelet:
         for channel in self._channels:
             await channel.close()
         self._channels.clear()
+
+
+T = TypeVar("T")
+
+
+class WatchedSource(InMemoryAllocationSource):
+    """An allocation source that says when a call waits on it: a test then knows a prepare is
+    blocked on a missing event without guessing how long that takes."""
+
+    def __init__(self, node: str) -> None:
+        super().__init__(node)
+        self.waiting = asyncio.Event()
+
+    async def wait_for(self, attempt: Callable[[], T], timeout_s: float) -> T:
+        def watched() -> T:
+            try:
+                return attempt()
+            except Pending:
+                self.waiting.set()
+                raise
+
+        return await super().wait_for(watched, timeout_s)

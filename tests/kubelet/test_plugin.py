@@ -9,12 +9,12 @@ import stat
 import msgspec
 
 from tangram.events import ClaimPrepared, ClaimUnprepared, MigPlacement, PartitionApplied
-from tangram.kubelet import InMemoryAllocationSource
 from tangram.kubelet.servicers import PREPARE_SECONDS
 from tests.kubelet.conftest import PluginHarness
 from tests.kubelet.fakes import (
     GPU1,
     NODE,
+    WatchedSource,
     mig_allocation,
     partition_applied,
     partition_failed,
@@ -89,7 +89,7 @@ async def test_prepare_whole_gpu_writes_a_valid_spec(harness: PluginHarness) -> 
 async def test_prepare_mig_waits_for_the_partition_result(harness: PluginHarness) -> None:
     harness.source.observe(mig_allocation(UID_M, start=2))
     call = asyncio.create_task(harness.kubelet.prepare(harness.endpoint, [("ml", "embed", UID_M)]))
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(harness.source.waiting.wait(), 30)
     assert not call.done()  # no MIG instance yet: the call waits for it
     harness.source.observe(partition_applied(UID_M, start=2))
     answers = await call
@@ -147,7 +147,7 @@ async def test_restart_keeps_prepared_claims(harness: PluginHarness) -> None:
     await harness.kubelet.close()
     await harness.stop()
 
-    await harness.start(InMemoryAllocationSource(NODE))  # knows nothing: the answer must come from disk
+    await harness.start(WatchedSource(NODE))  # knows nothing: the answer must come from disk
     after = await harness.kubelet.prepare(harness.endpoint, [("default", "train", UID_A)])
     assert after == before
     assert harness.spec_path(UID_A).is_file()
@@ -231,7 +231,7 @@ async def test_whole_gpu_still_in_mig_mode_waits_until_mig_is_off(harness: Plugi
     device = msgspec.structs.replace(allocation.devices[0], partition_command="off-1")
     harness.source.observe(msgspec.structs.replace(allocation, devices=[device], partitions=["off-1"]))
     call = asyncio.create_task(harness.kubelet.prepare(harness.endpoint, [("default", "train", UID_A)]))
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(harness.source.waiting.wait(), 30)
     assert not call.done()  # MIG mode still on: the call waits for the partitioner
     harness.source.observe(
         PartitionApplied(
