@@ -42,7 +42,13 @@ from tangram.partitioning import (
     should_disable_mig,
     to_clean,
 )
-from tangram.partitioning.metrics import FAILURES, INSTANCES, ORPHANS, RECONFIGURE_SECONDS
+from tangram.partitioning.metrics import (
+    FAILURES,
+    INSTANCES,
+    ORPHANS,
+    RECONFIGURE_SECONDS,
+    WAITING_FOR_RELEASE,
+)
 
 log = logging.getLogger("tangram.partitioner")
 
@@ -394,6 +400,10 @@ class Partitioner:
     async def _wait_until_released(self, claim_uid: str, *, why: str) -> None:
         """Until this node's view of the log no longer holds the claim live (at most `log_lag_s`);
         at stop, Retry: the command is redelivered to the next process."""
+        with WAITING_FOR_RELEASE.track_inprogress():
+            await self._until_released(claim_uid, why=why)
+
+    async def _until_released(self, claim_uid: str, *, why: str) -> None:
         waited = time.monotonic()
         warned = waited
         while self.ledger.is_live(claim_uid) and time.monotonic() - waited < self._log_lag_s:

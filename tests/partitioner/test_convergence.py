@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from prometheus_client import REGISTRY
+
 from services.partitioner.settings import PartitionerSettings
 from tangram.bus import Bus
 from tangram.events import (
@@ -73,6 +75,17 @@ async def result_of(results: Inbox, command_id: str) -> PartitionApplied | Parti
     return found
 
 
+async def waiting_for_release() -> None:
+    """Until the partitioner holds a command for a claim's release it has not read: the wait that
+    does not end with the short grace for other claims' releases."""
+
+    async def held() -> None:
+        while REGISTRY.get_sample_value("tangram_partition_commands_waiting_for_release") != 1:
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(held(), 30)
+
+
 async def create_for(bus: Bus, view: SimNvml, results: Inbox, uid: str, shape: dict[str, object]) -> str:
     """The claim's allocation, then its create command; returns the MIG device UUID made."""
     await bus.publish(allocated(uid, view, shape, f"create-{uid}"))
@@ -96,7 +109,7 @@ async def test_a_destroy_that_arrives_before_its_release_is_read_waits_for_it(
         await bus.publish(
             command("destroy-x", view, action="destroy", claim_uid="x", mig_uuid=mig_uuid, **BIG)
         )  # type: ignore[arg-type]
-        await asyncio.sleep(0.3)  # longer than the grace given to other claims' releases
+        await waiting_for_release()  # past the grace given to other claims' releases
         await bus.publish(released("x"))
         outcome = await result_of(results, "destroy-x")
     assert isinstance(outcome, PartitionApplied), outcome
@@ -136,7 +149,7 @@ async def test_a_create_read_before_the_previous_holders_release_waits_for_it(
         old = await create_for(bus, view, results, "x", BIG)
         await bus.publish(allocated("y", view, SMALL, "create-y"))
         await bus.publish(command("create-y", view, claim_uid="y", **SMALL))  # type: ignore[arg-type]
-        await asyncio.sleep(0.3)  # the release of x is read only now
+        await waiting_for_release()  # the release of x is read only now
         await bus.publish(released("x"))
         made = await result_of(results, "create-y")
         assert isinstance(made, PartitionApplied), made

@@ -17,3 +17,9 @@ FAILURES = Counter(
 )
 INSTANCES = Gauge("tangram_mig_instances", "MIG instances on this node, by profile", ["profile"])
 ORPHANS = Counter("tangram_partition_orphans_total", "Instances found at start-up, by kind", ["kind"])
+# A command held until this node reads a claim's release: non-zero for long means the node's view
+# of the log lags (after a NATS outage), and commands wait up to the log-lag bound.
+WAITING_FOR_RELEASE = Gauge(
+    "tangram_partition_commands_waiting_for_release",
+    "Partition commands waiting for this node to read the release of the claim holding their slices",
+)
