@@ -13,7 +13,7 @@ from typing import NoReturn
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("tangram.cli.demo", "run the services on simulated GPUs with an embedded NATS server"),
     "cluster": ("tangram.cli.cluster", "a local Kubernetes control plane with Tangram on simulated nodes"),
-    "schema": ("tangram.cli.schema", "print the event catalogue as one JSON Schema document"),
+    "schema": ("tangram.cli.schema", "print the event catalogue as one AsyncAPI 3 document"),
     "bench": ("tangram.cli.bench", "run a benchmark and print one JSON object"),
     "discover": ("tangram.cli.discover", "print a node's inventory or ResourceSlices"),
     "allocate": ("tangram.cli.allocate", "run the allocator offline over a fleet and a claim trace"),
