@@ -4,11 +4,8 @@
 # reaches the process from a mounted Secret or host file, never from the pod spec.
 set -eu
 case "${SERVICE:-}" in
-  allocator|discovery|partitioner|cdi) module="services.$SERVICE" ;;
-  # the NATS auth callout, shipped in the allocator image; it reads TANGRAM_NATS_URL_FILE itself
-  authcallout) module="tangram.authcallout" ;;
-  # the pod admission webhook, shipped in the allocator image
-  admission) module="tangram.admission" ;;
+  # authcallout (it reads TANGRAM_NATS_URL_FILE itself) and admission ship in the allocator image
+  allocator|discovery|partitioner|cdi|authcallout|admission) module="services.$SERVICE" ;;
   *) echo "tangram-entrypoint: SERVICE must be allocator, discovery, partitioner, cdi, authcallout or admission (got '${SERVICE:-}')" >&2; exit 64 ;;
 esac
 if [ -n "${TANGRAM_NATS_URL_FILE:-}" ]; then

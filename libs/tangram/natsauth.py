@@ -46,7 +46,7 @@ from tangram.events import (
 
 ADMIN_USER = "admin"
 ALLOCATOR_USER = "allocator"
-# The auth callout's own user (`tangram.authcallout`), and the account every Tangram user is in
+# The auth callout's own user (`services.authcallout`), and the account every Tangram user is in
 # when the callout issues the node users (a callout needs a named account; see
 # `render_callout_server_config`).
 CALLOUT_USER = "authcallout"

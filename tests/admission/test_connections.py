@@ -26,9 +26,9 @@ import pytest
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from tangram.admission.certs import TlsMaterial, issue
-from tangram.admission.connections import ConnectionBounds
-from tangram.admission.server import AdmissionServer, server_tls
+from services.admission.certs import TlsMaterial, issue
+from services.admission.connections import ConnectionBounds
+from services.admission.server import AdmissionServer, server_tls
 from tests.admission.test_review_and_certs import review
 from tests.admission.test_server import StubLookup
 

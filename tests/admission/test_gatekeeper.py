@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import CoreV1Api
 
+from services.admission.gatekeeper import REASON, Expired, GateKeeper, expired_gates, guarded_removal
 from services.allocator.alive import AliveLease
-from tangram.admission.gatekeeper import REASON, Expired, GateKeeper, expired_gates, guarded_removal
 from tangram.k8s.alive import ALLOCATOR_LEASE, allocator_alive, lease_spec
 from tangram.k8s.names import SCHEDULING_GATE
 from tangram.kube import KubeApiError, call

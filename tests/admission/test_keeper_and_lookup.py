@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import AdmissionregistrationV1Api, CoreV1Api, ResourceV1Api
 
-from tangram.admission.keeper import CertificateKeeper, material_of
-from tangram.admission.lookup import ClaimLookup
+from services.admission.keeper import CertificateKeeper, material_of
+from services.admission.lookup import ClaimLookup
 from tangram.kube import KubeApiError, call
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.controlplane]

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from cryptography import x509
 
-from tangram.admission.certs import TlsMaterial, issue, not_after, renew
-from tangram.admission.keeper import material_of, secret_data
-from tangram.admission.review import BadReview, answer, claim_references, gate_patch, parse
+from services.admission.certs import TlsMaterial, issue, not_after, renew
+from services.admission.keeper import material_of, secret_data
+from services.admission.review import BadReview, answer, claim_references, gate_patch, parse
 from tangram.k8s.names import SCHEDULING_GATE
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)

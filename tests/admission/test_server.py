@@ -15,10 +15,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tangram.admission.certs import TlsMaterial, issue
-from tangram.admission.lookup import Verdict
-from tangram.admission.review import Source
-from tangram.admission.server import AdmissionServer, server_tls
+from services.admission.certs import TlsMaterial, issue
+from services.admission.lookup import Verdict
+from services.admission.review import Source
+from services.admission.server import AdmissionServer, server_tls
 from tangram.k8s.names import SCHEDULING_GATE
 from tangram.kube import KubeApiError
 from tests.admission.test_review_and_certs import review

@@ -1,4 +1,4 @@
-"""python -m tangram.admission's settings: flags, TANGRAM_ADMISSION_* defaults, refusals."""
+"""python -m services.admission's settings: flags, TANGRAM_ADMISSION_* defaults, refusals."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from services.admission import __main__ as admission
+from services.admission.connections import ConnectionBounds
 from services.allocator.settings import parse_settings
-from tangram.admission import __main__ as admission
-from tangram.admission.connections import ConnectionBounds
 from tangram.k8s import alive
 
 

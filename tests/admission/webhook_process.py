@@ -15,11 +15,11 @@ import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
-from tangram.admission.certs import TlsMaterial, issue
-from tangram.admission.connections import ConnectionBounds
-from tangram.admission.lookup import Verdict
-from tangram.admission.review import Source
-from tangram.admission.server import AdmissionServer, server_tls
+from services.admission.certs import TlsMaterial, issue
+from services.admission.connections import ConnectionBounds
+from services.admission.lookup import Verdict
+from services.admission.review import Source
+from services.admission.server import AdmissionServer, server_tls
 from tangram.service.health import HealthServer
 
 

@@ -1,5 +1,5 @@
 """Node identity from Kubernetes: a real nats-server with the auth callout, the callout service
-(`python -m tangram.authcallout`) as its own process, and a real kube-apiserver that issues and
+(`python -m services.authcallout`) as its own process, and a real kube-apiserver that issues and
 reviews the pods' bound service-account tokens.
 
 No kubelet runs: a Pod is created with `spec.nodeName` set (as the scheduler would bind it) and
@@ -27,8 +27,8 @@ import yaml
 from kubernetes_asyncio.client import AuthenticationV1Api, CoreV1Api
 from nats.aio.client import Client as NatsClient
 
-from tangram.authcallout import Refused, TokenReviewer
-from tangram.authcallout.identity import NODE_NAME, POD_NAME
+from services.authcallout import Refused, TokenReviewer
+from services.authcallout.identity import NODE_NAME, POD_NAME
 from tangram.bus import Bus, BusConfig, partitioner_consumer
 from tangram.events import INVENTORY_STREAM, NODES_STREAM
 from tangram.kube import call
@@ -175,7 +175,7 @@ async def fleet(
     log_path = tmp_path / "authcallout.log"
     callout = spawn(
         [
-            "tangram.authcallout",
+            "services.authcallout",
             "--nats-url-file",
             str(tmp_path / "callout.url"),
             "--issuer-seed-file",

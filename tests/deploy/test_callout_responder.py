@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tangram.authcallout import CalloutResponder, NodeIdentity, Refused
-from tangram.authcallout.__main__ import nats_tls, parse_args
+from services.authcallout import CalloutResponder, NodeIdentity, Refused
+from services.authcallout.__main__ import nats_tls, parse_args
 from tangram.kube import KubeApiError
 from tangram.natsauth import node_permissions
 from tangram.natsjwt import decode, decode_auth_request, generate_seed, permissions_of, public_key_of

@@ -20,8 +20,8 @@ def _compose() -> dict[str, Any]:
 
 # Services the image's entry point starts from a library module rather than services/<name>.
 MODULES = {
-    "authcallout": ROOT / "libs/tangram/authcallout/__main__.py",
-    "admission": ROOT / "libs/tangram/admission/__main__.py",
+    "authcallout": ROOT / "services/authcallout/__main__.py",
+    "admission": ROOT / "services/admission/__main__.py",
 }
 
 
@@ -126,9 +126,7 @@ def test_dockerfile_copies_existing_paths_and_runs_as_non_root() -> None:
     assert "ARG SERVICE_EXTRAS" in text
     entrypoint = (ROOT / "deploy/docker/entrypoint.sh").read_text()
     assert (
-        'module="services.$SERVICE"' in entrypoint
-        and 'authcallout) module="tangram.authcallout"' in entrypoint
-        and 'admission) module="tangram.admission"' in entrypoint
+        'allocator|discovery|partitioner|cdi|authcallout|admission) module="services.$SERVICE"' in entrypoint
     )
     assert 'exec python -m "$module"' in entrypoint
     assert (ROOT / "deploy/docker/entrypoint.sh").stat().st_mode & 0o111

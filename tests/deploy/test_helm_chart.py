@@ -653,12 +653,12 @@ CALLS = {
         "read_namespaced_lease": ("coordination.k8s.io", "leases", "get"),
     },
 }
-# The code each role's pod runs: the callout its package (python -m tangram.authcallout); the
+# The code each role's pod runs: the callout its package (python -m services.authcallout); the
 # node pod the services and every other library module.
 ROLE_CODE = {
-    "authcallout": ROOT / "libs" / "tangram" / "authcallout",
+    "authcallout": ROOT / "services" / "authcallout",
     "allocator": ROOT / "services" / "allocator",
-    "admission": ROOT / "libs" / "tangram" / "admission",
+    "admission": ROOT / "services" / "admission",
 }
 # The workload running under each role's ServiceAccount.
 ROLE_WORKLOAD = {

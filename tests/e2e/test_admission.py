@@ -1,6 +1,6 @@
 """Pods that use Tangram's claims are gated at admission, against the real control plane.
 
-The webhook: the real `python -m tangram.admission` process, with the chart's RBAC (as its own
+The webhook: the real `python -m services.admission` process, with the chart's RBAC (as its own
 ServiceAccount's token), makes its CA and serving certificate, stores them in its Secret, patches
 the caBundle of the chart's MutatingWebhookConfiguration (pointed at loopback and at this test's
 namespace only), and the API server calls it over TLS for every pod created. The policy: the
@@ -30,8 +30,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from kubernetes_asyncio.client import AdmissionregistrationV1Api, CoreV1Api, ResourceV1Api
 
-from tangram.admission.certs import renew
-from tangram.admission.keeper import material_of, secret_data
+from services.admission.certs import renew
+from services.admission.keeper import material_of, secret_data
 from tangram.cluster.up import install_device_classes
 from tangram.k8s.names import SCHEDULING_GATE
 from tangram.kube import KubeApiError, call
@@ -262,7 +262,7 @@ async def serving(
         command = [
             sys.executable,
             "-m",
-            "tangram.admission",
+            "services.admission",
             f"--kubeconfig={kubeconfig}",
             f"--namespace={namespace}",
             "--host=127.0.0.1",

@@ -26,7 +26,7 @@ import aiohttp
 import pytest
 from kubernetes_asyncio.client import CoordinationV1Api, CoreV1Api
 
-from tangram.admission.gatekeeper import REASON
+from services.admission.gatekeeper import REASON
 from tangram.k8s.alive import ALLOCATOR_LEASE
 from tangram.k8s.names import SCHEDULING_GATE
 from tangram.kube import KubeApiError, call

@@ -7,7 +7,7 @@ does not change anyone else's password. Passwords are never printed: without `--
 written and the command says so.
 
 With `--callout`, no node is listed: the config hands every connection but admin, allocator and
-the callout's own user to the auth callout (`python -m tangram.authcallout`), which issues each
+the callout's own user to the auth callout (`python -m services.authcallout`), which issues each
 node's user from its pod's service-account token. The callout's issuer seed is written (or
 reused) as `callout-issuer.seed`; its public key is in the config.
 """

@@ -19,10 +19,10 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client import Counter, Gauge, Histogram
 
-from tangram.admission.certs import TlsMaterial, not_after
-from tangram.admission.connections import CLOSED_BY_BOUND, BoundedSite, ConnectionBounds
-from tangram.admission.lookup import ClaimLookup
-from tangram.admission.review import BadReview, answer, claim_references, gate_patch, parse
+from services.admission.certs import TlsMaterial, not_after
+from services.admission.connections import CLOSED_BY_BOUND, BoundedSite, ConnectionBounds
+from services.admission.lookup import ClaimLookup
+from services.admission.review import BadReview, answer, claim_references, gate_patch, parse
 from tangram.kube import KubeApiError
 
 log = logging.getLogger("tangram.admission")

@@ -19,7 +19,7 @@ from typing import Protocol
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
-from tangram.authcallout.identity import NodeIdentity, Refused
+from services.authcallout.identity import NodeIdentity, Refused
 from tangram.kube import KubeApiError
 from tangram.natsauth import TANGRAM_ACCOUNT, NatsAuthError, node_permissions, node_user
 from tangram.natsjwt import AuthRequest, NatsJwtError, auth_response, decode_auth_request, encode, user_claims

@@ -19,7 +19,7 @@ from typing import Any
 
 from kubernetes_asyncio.client import ResourceV1Api
 
-from tangram.admission.review import Source
+from services.admission.review import Source
 from tangram.k8s.classes import is_tangram_class, requested_class_names
 from tangram.kube import KubeApiError, call_json
 

@@ -2,7 +2,7 @@
 MutatingWebhookConfiguration's caBundle.
 
 At start and then periodically every replica reads the Secret; when it is missing, unreadable or
-due for renewal (`tangram.admission.certs.renew`) the replica writes new material, with the
+due for renewal (`services.admission.certs.renew`) the replica writes new material, with the
 Secret's resourceVersion so that of two replicas renewing at once one wins and the other takes
 what the winner wrote. Every replica serves what the Secret holds, and patches the caBundle of
 each of its webhooks in the named configuration when it differs from the Secret's bundle (a
@@ -20,7 +20,7 @@ from typing import Any
 
 from kubernetes_asyncio.client import AdmissionregistrationV1Api, CoreV1Api
 
-from tangram.admission.certs import CA_DAYS, SERVING_DAYS, TlsMaterial, renew
+from services.admission.certs import CA_DAYS, SERVING_DAYS, TlsMaterial, renew
 from tangram.kube import KubeApiError, call, call_json
 
 log = logging.getLogger("tangram.admission.keeper")

@@ -1,4 +1,4 @@
-"""python -m tangram.admission: the mutating webhook that holds pods using Tangram's claims.
+"""python -m services.admission: the mutating webhook that holds pods using Tangram's claims.
 
 Connects to Kubernetes as its own service account, makes or reuses its certificates (a Secret),
 patches the caBundle of its MutatingWebhookConfiguration, serves HTTPS on --port and health and
@@ -6,8 +6,8 @@ metrics on --health-port, checks the certificates every --check-interval seconds
 gracefully on SIGTERM (open reviews are answered first). It also removes Tangram's scheduling gate
 from any pod that has held it longer than --gate-timeout seconds while the allocator is down (its
 Lease tangram-allocator in --allocator-namespace missing or not renewed within the timeout;
-`tangram.admission.gatekeeper`): kube-scheduler then decides the pod's claims and Tangram adopts them.
-Its HTTPS connections are bounded (`tangram.admission.connections`): --handshake-timeout,
+`services.admission.gatekeeper`): kube-scheduler then decides the pod's claims and Tangram adopts them.
+Its HTTPS connections are bounded (`services.admission.connections`): --handshake-timeout,
 --idle-timeout, --body-timeout and --max-connections.
 """
 
@@ -26,12 +26,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from tangram.admission.certs import CA_DAYS, SERVING_DAYS, TlsMaterial
-from tangram.admission.connections import ConnectionBounds
-from tangram.admission.gatekeeper import GateKeeper
-from tangram.admission.keeper import CertificateKeeper
-from tangram.admission.lookup import ClaimLookup
-from tangram.admission.server import MAX_BODY_BYTES, AdmissionServer, server_tls
+from services.admission.certs import CA_DAYS, SERVING_DAYS, TlsMaterial
+from services.admission.connections import ConnectionBounds
+from services.admission.gatekeeper import GateKeeper
+from services.admission.keeper import CertificateKeeper
+from services.admission.lookup import ClaimLookup
+from services.admission.server import MAX_BODY_BYTES, AdmissionServer, server_tls
 from tangram.kube import KubeApiError, KubeConfigError, connect
 from tangram.service.health import HealthServer
 from tangram.service.logs import configure_logging
@@ -114,7 +114,7 @@ def _default_namespace() -> str | None:
 
 
 def parse_args(argv: list[str] | None = None) -> AdmissionSettings:
-    parser = argparse.ArgumentParser(prog="python -m tangram.admission", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m services.admission", description=__doc__)
     parser.add_argument("--host", default=_env("ADMISSION_HOST", "0.0.0.0"), help="HTTPS listen address")
     parser.add_argument("--port", type=int, default=int(_env("ADMISSION_PORT", "8443") or 8443))
     parser.add_argument(

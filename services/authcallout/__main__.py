@@ -1,4 +1,4 @@
-"""python -m tangram.authcallout: the NATS auth callout for node services.
+"""python -m services.authcallout: the NATS auth callout for node services.
 
 Connects to NATS as the callout's static user (its URL read from a file), to Kubernetes as its
 own service account, and answers authorization requests until SIGTERM.
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import nats
 
-from tangram.authcallout.identity import TokenReviewer
-from tangram.authcallout.responder import CalloutResponder
+from services.authcallout.identity import TokenReviewer
+from services.authcallout.responder import CalloutResponder
 from tangram.bus import redact_url
 from tangram.kube import KubeConfigError, connect
 from tangram.natsauth import CALLOUT_USER, inbox
@@ -33,7 +33,7 @@ def _env(name: str, default: str | None = None) -> str | None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m tangram.authcallout", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m services.authcallout", description=__doc__)
     parser.add_argument(
         "--nats-url-file",
         type=Path,
