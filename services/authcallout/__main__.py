@@ -20,8 +20,8 @@ from services.authcallout.identity import TokenReviewer
 from services.authcallout.responder import CalloutResponder
 from tangram.bus import redact_url
 from tangram.kube import KubeConfigError, connect
-from tangram.natsauth import CALLOUT_USER, inbox
-from tangram.natsjwt import NatsJwtError, public_key_of
+from tangram.natsauth.jwt import NatsJwtError, public_key_of
+from tangram.natsauth.permissions import CALLOUT_USER, inbox
 from tangram.service.health import HealthServer
 from tangram.service.logs import configure_logging
 

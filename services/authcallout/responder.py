@@ -21,8 +21,15 @@ from nats.aio.msg import Msg
 
 from services.authcallout.identity import NodeIdentity, Refused
 from tangram.kube import KubeApiError
-from tangram.natsauth import TANGRAM_ACCOUNT, NatsAuthError, node_permissions, node_user
-from tangram.natsjwt import AuthRequest, NatsJwtError, auth_response, decode_auth_request, encode, user_claims
+from tangram.natsauth.jwt import (
+    AuthRequest,
+    NatsJwtError,
+    auth_response,
+    decode_auth_request,
+    encode,
+    user_claims,
+)
+from tangram.natsauth.permissions import TANGRAM_ACCOUNT, NatsAuthError, node_permissions, node_user
 
 log = logging.getLogger("tangram.authcallout")
 

@@ -17,7 +17,7 @@ from tangram.bus.declarations import CLAIM_DECISION_SUBJECTS
 from tangram.demo.cluster import LocalCluster, SimNode
 from tangram.demo.driver import Driver, Tracker, wait_for_cluster
 from tangram.events import CLAIMS_STREAM, DEADLETTER_STREAM, DeadLetter, Event, NodeInventory
-from tangram.natsauth import ADMIN_USER, ALLOCATOR_USER, inbox, node_user
+from tangram.natsauth.permissions import ADMIN_USER, ALLOCATOR_USER, inbox, node_user
 
 # node-a has 8 NVSwitch-connected H200s, node-b 4 A100s: an 8-GPU claim fits only node-a.
 NODE_A = SimNode("node-a", "hgx-h200")

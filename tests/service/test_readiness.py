@@ -13,7 +13,15 @@ import nats
 from nats.aio.msg import Msg
 
 from tangram.bus import Bus, BusConfig
-from tangram.natsauth import (
+from tangram.natsauth.jwt import (
+    auth_response,
+    decode_auth_request,
+    encode,
+    generate_seed,
+    public_key_of,
+    user_claims,
+)
+from tangram.natsauth.permissions import (
     ADMIN_USER,
     AUTH_SUBJECT,
     CALLOUT_USER,
@@ -23,14 +31,6 @@ from tangram.natsauth import (
     node_permissions,
     node_user,
     render_callout_authorization,
-)
-from tangram.natsjwt import (
-    auth_response,
-    decode_auth_request,
-    encode,
-    generate_seed,
-    public_key_of,
-    user_claims,
 )
 from tangram.natsserver import NatsServer
 from tangram.service import ServiceContext

@@ -15,13 +15,11 @@ reused) as `callout-issuer.seed`; its public key is in the config.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
-from tangram.natsauth import (
+from tangram.natsauth.credentials import user_url, write_secret
+from tangram.natsauth.permissions import (
     ADMIN_USER,
     ALLOCATOR_USER,
     CALLOUT_USER,
@@ -70,39 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-verify", action="store_true", help="require client certificates")
 
 
-def write_secret(path: Path, text: str) -> None:
-    """Atomically write a file readable by its owner only (0600), even for an instant."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-
-
-def user_url(server_url: str, user: str, password: str) -> str:
-    shown = server_url[:200]
-    try:
-        parts = urlsplit(server_url)
-        port_number = parts.port  # raises on a port out of range or not a number
-    except ValueError as exc:
-        raise NatsAuthError(f"--server-url {shown!r} is not a NATS URL: {exc}") from None
-    if parts.scheme not in ("nats", "tls", "ws", "wss") or not parts.hostname:
-        raise NatsAuthError(f"--server-url {shown!r} is not a NATS URL (nats://host:port)")
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    port = f":{port_number}" if port_number else ""
-    return urlunsplit(parts._replace(netloc=f"{user}:{password}@{host}{port}"))
-
-
 def _issuer_seed(directory: Path) -> str:
     """The callout's issuer seed, kept across runs: a new one would void every issued user."""
-    from tangram.natsjwt import NatsJwtError, generate_seed, public_key_of  # noqa: PLC0415 - nkeys, only with --callout
+    from tangram.natsauth.jwt import NatsJwtError, generate_seed, public_key_of  # noqa: PLC0415 - nkeys, only with --callout
 
     path = directory / ISSUER_SEED
     if not path.exists():
@@ -163,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         )
         urls = {user.name: user_url(args.server_url, user.name, user.password) for user in users}
         if seed is not None:
-            from tangram.natsjwt import public_key_of  # noqa: PLC0415 - nkeys, only with --callout
+            from tangram.natsauth.jwt import public_key_of  # noqa: PLC0415 - nkeys, only with --callout
 
             issuer = public_key_of(seed)
             if args.block_only:

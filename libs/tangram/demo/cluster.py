@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tangram.cdi.simroot import lay_out_driver_root
-from tangram.cli.nats_config import write_secret
 from tangram.hardware.machines import load_machine
-from tangram.natsauth import ADMIN_USER, ALLOCATOR_USER, build_users, node_user, render_users
+from tangram.natsauth.credentials import write_secret
+from tangram.natsauth.permissions import ADMIN_USER, ALLOCATOR_USER, build_users, node_user, render_users
 from tangram.natsserver import NatsCluster, NatsServer
 
 # What the streams Job of the Kubernetes manifests runs, as the NATS admin user: with permissions,

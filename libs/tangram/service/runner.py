@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from tangram.bus import Bus, BusConfig, redact_url
-from tangram.natsauth import node_user
+from tangram.natsauth.permissions import node_user
 from tangram.service.health import HealthServer, ReadinessCheck
 from tangram.service.logs import configure_logging
 from tangram.service.settings import NodeSettings, ServiceSettings

@@ -4,22 +4,12 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 from pathlib import Path
 
 import pytest
 
 from tangram.bus.client import TokenFile, token_expiry
-from tangram.natsauth import (
-    CALLOUT_USER,
-    NatsAuthError,
-    Permissions,
-    build_callout_users,
-    node_permissions,
-    render_callout_authorization,
-)
-from tangram.natsjwt import (
-    AUTH_REQUEST,
+from tangram.natsauth.jwt import (
     NatsJwtError,
     auth_response,
     decode,
@@ -30,29 +20,17 @@ from tangram.natsjwt import (
     public_key_of,
     user_claims,
 )
+from tangram.natsauth.permissions import (
+    CALLOUT_USER,
+    NatsAuthError,
+    Permissions,
+    build_callout_users,
+    node_permissions,
+    render_callout_authorization,
+)
 from tangram.service.runner import bus_config
 from tangram.service.settings import NodeSettings, ServiceSettings
-
-SERVER_SEED = generate_seed("server")
-USER_KEY = public_key_of(generate_seed("user"))
-
-
-def request_jwt(options: dict[str, object], *, seed: str = SERVER_SEED, server_id: str | None = None) -> str:
-    return encode(
-        {
-            "sub": "auth-callout",
-            "iat": int(time.time()),
-            "nats": {
-                "type": AUTH_REQUEST,
-                "version": 2,
-                "server_id": {"id": server_id or public_key_of(seed), "name": "nats-0"},
-                "user_nkey": USER_KEY,
-                "connect_opts": options,
-                "client_info": {"host": "10.0.0.7"},
-            },
-        },
-        seed,
-    )
+from tests.natsauth.requests import SERVER_SEED, USER_KEY, request_jwt
 
 
 def test_signed_claims_verify_against_their_issuer_and_tampering_does_not() -> None:

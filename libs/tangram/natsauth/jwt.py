@@ -28,7 +28,7 @@ import nacl.exceptions
 import nacl.signing
 import nkeys
 
-from tangram.natsauth import Permissions
+from tangram.natsauth.permissions import Permissions
 
 HEADER = {"typ": "JWT", "alg": "ed25519-nkey"}
 # The algorithm names nats-server accepts; v1 JWTs used "ed25519".

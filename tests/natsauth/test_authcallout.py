@@ -33,7 +33,8 @@ from tangram.bus import Bus, BusConfig, partitioner_consumer
 from tangram.events import INVENTORY_STREAM, NODES_STREAM
 from tangram.kube import call
 from tangram.kube.controlplane import ControlPlane, register_node
-from tangram.natsauth import (
+from tangram.natsauth.jwt import generate_seed, public_key_of
+from tangram.natsauth.permissions import (
     ADMIN_USER,
     CALLOUT_USER,
     build_callout_users,
@@ -41,7 +42,6 @@ from tangram.natsauth import (
     node_user,
     render_callout_authorization,
 )
-from tangram.natsjwt import generate_seed, public_key_of
 from tangram.natsserver import NatsServer, free_port
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.controlplane]

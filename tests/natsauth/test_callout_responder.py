@@ -11,9 +11,9 @@ import pytest
 from services.authcallout import CalloutResponder, NodeIdentity, Refused
 from services.authcallout.__main__ import nats_tls, parse_args
 from tangram.kube import KubeApiError
-from tangram.natsauth import node_permissions
-from tangram.natsjwt import decode, decode_auth_request, generate_seed, permissions_of, public_key_of
-from tests.deploy.test_natsjwt import USER_KEY, request_jwt
+from tangram.natsauth.jwt import decode, decode_auth_request, generate_seed, permissions_of, public_key_of
+from tangram.natsauth.permissions import node_permissions
+from tests.natsauth.requests import USER_KEY, request_jwt
 
 ISSUER = generate_seed()
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from tangram.cli import main
-from tangram.natsauth import (
+from tangram.natsauth.jwt import public_key_of
+from tangram.natsauth.permissions import (
     NatsAuthError,
     TlsFiles,
     build_users,
@@ -17,7 +18,6 @@ from tangram.natsauth import (
     node_user,
     render_authorization,
 )
-from tangram.natsjwt import public_key_of
 from tangram.natsserver import find_nats_server
 
 

@@ -30,7 +30,7 @@ from tangram.events import (
     PartitionApplied,
     PartitionRequested,
 )
-from tangram.natsauth import build_users, inbox, render_users
+from tangram.natsauth.permissions import build_users, inbox, render_users
 from tangram.natsserver import NatsServer
 
 NODE_A = "node-a"
