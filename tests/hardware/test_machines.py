@@ -109,3 +109,9 @@ def test_a_machine_file_is_at_most_1_mib(tmp_path: Path) -> None:
         f.write("#" + "x" * MAX_MACHINE_BYTES + "\n")
     with pytest.raises(MachineError, match=rf"machine {path}: larger than the limit of 1 MiB"):
         load_machine(path)
+
+
+def test_a_gpu_listed_twice_on_the_switch_is_refused(tmp_path: Path) -> None:
+    text = BASE.format(product="H100-SXM5-80GB") + "nvlink:\n  switch: {gpus: [0, 0], switches: 4}\n"
+    with pytest.raises(MachineError, match=r"nvlink\.switch\.gpus: GPU 0 is listed twice"):
+        load_machine(_write(tmp_path, text))

@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from tangram.hardware.catalogue import PRODUCTS, GpuProduct
 from tangram.inputs import InputError, read_yaml
@@ -106,42 +106,49 @@ class MachineSpec(_Strict):
     nvlink: NvlinkWiring = NvlinkWiring()
     fabric: FabricSpec | None = None
 
+    # Lookups by GPU index, filled by the validator: the simulator asks them on every NVLink call.
+    _peers: dict[int, int] = PrivateAttr(default_factory=dict)
+    _switched: frozenset[int] = PrivateAttr(default=frozenset())
+
     @model_validator(mode="after")
     def _check(self) -> MachineSpec:
         count = len(self.gpus)
         bus_ids = [g.pci_bus_id.lower() for g in self.gpus]
         if len(set(bus_ids)) != count:
             raise ValueError("two GPUs share a pci_bus_id")
-        bridged: set[int] = set()
+        peers: dict[int, int] = {}
         for a, b in self.nvlink.bridges:
             for i in (a, b):
                 if not 0 <= i < count:
                     raise ValueError(f"nvlink.bridges: GPU index {i} out of range 0..{count - 1}")
                 if self.gpus[i].spec.nvlink is None:
                     raise ValueError(f"nvlink.bridges: GPU {i} ({self.gpus[i].product}) has no NVLink")
-                if i in bridged:
+                if i in peers:
                     raise ValueError(f"nvlink.bridges: GPU {i} is in two bridges")
-                bridged.add(i)
+                peers[i] = b if i == a else a
             if a == b:
                 raise ValueError(f"nvlink.bridges: GPU {a} bridged to itself")
+        switched: set[int] = set()
         if self.nvlink.switch is not None:
             for i in self.nvlink.switch.gpus:
                 if not 0 <= i < count:
                     raise ValueError(f"nvlink.switch.gpus: GPU index {i} out of range 0..{count - 1}")
-                if i in bridged:
+                if i in peers:
                     raise ValueError(f"nvlink.switch.gpus: GPU {i} is also bridged")
                 if self.gpus[i].spec.nvlink is None:
                     raise ValueError(f"nvlink.switch.gpus: GPU {i} ({self.gpus[i].product}) has no NVLink")
+                if i in switched:
+                    raise ValueError(f"nvlink.switch.gpus: GPU {i} is listed twice")
+                switched.add(i)
+        self._peers = peers
+        self._switched = frozenset(switched)
         return self
 
     def bridge_peer(self, index: int) -> int | None:
-        for a, b in self.nvlink.bridges:
-            if index in (a, b):
-                return b if index == a else a
-        return None
+        return self._peers.get(index)
 
     def switch_attached(self, index: int) -> bool:
-        return self.nvlink.switch is not None and index in self.nvlink.switch.gpus
+        return index in self._switched
 
 
 def _package_dir() -> Path:
