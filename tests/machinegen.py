@@ -2,7 +2,8 @@
 
 `machine(n, wiring)` is a machine document (the mapping a machine YAML file holds) with `n` GPUs:
 "switch" puts every GPU on one NVSwitch fabric, "bridges" joins them in bridged pairs (an odd last
-GPU stays alone), "pcie" has no NVLink at all. GPUs sit eight to a PCIe root, two roots per NUMA
+GPU stays alone), "pcie" has no NVLink at all, and "half" puts the first half on NVSwitches and
+bridges the rest in pairs. GPUs sit eight to a PCIe root, two roots per NUMA
 node, so the PCIe levels between pairs vary as on a real board.
 """
 
@@ -13,17 +14,19 @@ from typing import Any, Literal
 
 import yaml
 
-Wiring = Literal["switch", "bridges", "pcie"]
+Wiring = Literal["switch", "bridges", "pcie", "half"]
 
-PRODUCTS: dict[Wiring, str] = {"switch": "H100-SXM5-80GB", "bridges": "H100-NVL", "pcie": "L40S"}
+PRODUCTS = {"switch": "H100-SXM5-80GB", "bridges": "H100-NVL", "pcie": "L40S"}
 
 
 def machine(
     gpus: int, wiring: Wiring = "switch", *, name: str = "", switches: int = 4, mig: bool = False
 ) -> dict[str, Any]:
-    product = PRODUCTS[wiring]
+    switched = range(gpus) if wiring == "switch" else range(gpus // 2) if wiring == "half" else range(0)
+    bridged = range(0) if wiring in ("switch", "pcie") else range(len(switched), gpus)
     specs: list[dict[str, Any]] = []
     for i in range(gpus):
+        product = PRODUCTS["switch" if i in switched else "bridges" if i in bridged else "pcie"]
         gpu: dict[str, Any] = {
             "product": product,
             # domain, bus and device: unique for up to 65536 * 256 GPUs
@@ -32,7 +35,7 @@ def machine(
             "pcie_root": f"pci{i // 256:04x}:{(i // 8) % 256:02x}",
             "pcie_switch": f"sw{i // 2}",
         }
-        if mig and wiring != "pcie":
+        if mig and product != PRODUCTS["pcie"]:
             gpu["mig_enabled"] = True
             if i % 2 == 0:
                 gpu["mig_instances"] = [{"profile": "3g.40gb", "start": 0}]
@@ -43,10 +46,13 @@ def machine(
         "driver_version": "565.57.01",
         "gpus": specs,
     }
-    if wiring == "switch":
-        doc["nvlink"] = {"switch": {"gpus": list(range(gpus)), "switches": switches}}
-    elif wiring == "bridges":
-        doc["nvlink"] = {"bridges": [[i, i + 1] for i in range(0, gpus - 1, 2)]}
+    nvlink: dict[str, Any] = {}
+    if switched:
+        nvlink["switch"] = {"gpus": list(switched), "switches": switches}
+    if bridged:
+        nvlink["bridges"] = [[i, i + 1] for i in range(bridged.start, bridged.stop - 1, 2)]
+    if nvlink:
+        doc["nvlink"] = nvlink
     return doc
 
 
