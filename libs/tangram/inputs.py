@@ -113,8 +113,8 @@ def load_yaml(text: str, source: str) -> Any:
     return documents[0].data if documents else None
 
 
-def read_yaml(path: Path, what: str) -> Any:
-    return load_yaml(read_text(path, what), f"{what} {path}")
+def read_yaml(path: Path, what: str, *, max_bytes: int = MAX_TEXT_BYTES) -> Any:
+    return load_yaml(read_text(path, what, max_bytes=max_bytes), f"{what} {path}")
 
 
 class _BoundedLoader(yaml.SafeLoader):

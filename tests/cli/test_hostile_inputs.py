@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tangram.cli import main
+from tests.machinegen import write_machine
 
 FLEET = "- {name: n, machine: l40s-8}\n"
 CLAIM = """
@@ -67,6 +68,10 @@ class Files:
             os.mkfifo(path)
         elif name == "file-as-dir":
             return self["trace"] / "credentials"
+        elif name == "machine-129" and not path.exists():
+            write_machine(path, 129)
+        elif name == "fleet-129" and not path.exists():
+            path.write_text(f"- {{name: n, machine: {self['machine-129']}}}\n")
         return path
 
 
@@ -121,8 +126,26 @@ CASES = [
         allocate("fleet", "dup-uid"),
         "document [1] (line 12): claim ml/b has uid 'u-1', which document [0] (line 2) gave to claim ml/a",
     ),
+    Case("discover-dev-zero", lambda f: ["discover", "--sim", "/dev/zero"], "larger than the limit of 1 MiB"),
     Case(
-        "discover-dev-zero", lambda f: ["discover", "--sim", "/dev/zero"], "larger than the limit of 16 MiB"
+        "discover-machine-over-bound",
+        lambda f: ["discover", "--sim", str(f["machine-129"])],
+        "machine-129: 129 GPUs, more than the limit of 128 per machine",
+    ),
+    Case(
+        "mig-machine-over-bound",
+        lambda f: ["mig", "show", "--sim", str(f["machine-129"])],
+        "machine-129: 129 GPUs, more than the limit of 128 per machine",
+    ),
+    Case(
+        "allocate-machine-over-bound",
+        allocate("fleet-129", "trace"),
+        "machine-129: 129 GPUs, more than the limit of 128 per machine",
+    ),
+    Case(
+        "demo-machine-over-bound",
+        lambda f: ["demo", "--node", f"a={f['machine-129']}"],
+        "129 GPUs, more than the limit of 128 per machine",
     ),
     Case("discover-deep-machine", lambda f: ["discover", "--sim", str(f["deep"])], "nested deeper than"),
     Case("discover-non-utf8", lambda f: ["discover", "--sim", str(f["non-utf8"])], "not UTF-8 text"),

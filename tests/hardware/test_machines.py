@@ -2,7 +2,16 @@ from pathlib import Path
 
 import pytest
 
-from tangram.hardware.machines import MachineError, list_machines, load_machine
+from tangram.hardware.machines import (
+    MAX_GPUS_PER_MACHINE,
+    MAX_MACHINE_BYTES,
+    MAX_NVSWITCHES,
+    MachineError,
+    list_machines,
+    load_machine,
+    parse_machine,
+)
+from tests.machinegen import write_machine
 
 
 def test_shipped_machines() -> None:
@@ -64,3 +73,45 @@ def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
         load_machine("nope")
     with pytest.raises(MachineError, match="expected a mapping"):
         load_machine(_write(tmp_path, "- 1\n- 2\n"))
+
+
+def test_a_machine_has_at_most_128_gpus(tmp_path: Path) -> None:
+    assert MAX_GPUS_PER_MACHINE == 128
+    spec = load_machine(write_machine(tmp_path / "big.yaml", 128))
+    assert len(spec.gpus) == 128 and spec.switch_attached(127)
+    path = write_machine(tmp_path / "huge.yaml", 129)
+    with pytest.raises(MachineError) as refused:
+        load_machine(path)
+    assert str(refused.value) == (f"machine {path}: 129 GPUs, more than the limit of 128 per machine")
+
+
+def test_the_gpu_bound_is_checked_before_each_gpu_is_validated() -> None:
+    # Ten thousand GPUs that are each invalid: the count is what is refused, at once.
+    data = {"name": "t", "driver_version": "550.1", "gpus": [{"product": "H300"}] * 10_000}
+    with pytest.raises(MachineError, match=r"^machine m\.yaml: 10000 GPUs, more than the limit of 128"):
+        parse_machine(data, source="m.yaml")
+
+
+def test_a_machine_has_at_most_18_nvswitches(tmp_path: Path) -> None:
+    assert MAX_NVSWITCHES == 18
+    assert load_machine(write_machine(tmp_path / "a.yaml", 8, switches=18)).nvlink.switch is not None
+    path = write_machine(tmp_path / "b.yaml", 8, switches=19)
+    with pytest.raises(
+        MachineError, match=r"nvlink\.switch\.switches: 19 NVSwitches, more than the limit of 18"
+    ):
+        load_machine(path)
+
+
+def test_a_machine_file_is_at_most_1_mib(tmp_path: Path) -> None:
+    assert MAX_MACHINE_BYTES == 1024 * 1024
+    path = write_machine(tmp_path / "m.yaml", 8)
+    with path.open("a") as f:  # a valid machine, padded with a comment past the limit
+        f.write("#" + "x" * MAX_MACHINE_BYTES + "\n")
+    with pytest.raises(MachineError, match=rf"machine {path}: larger than the limit of 1 MiB"):
+        load_machine(path)
+
+
+def test_a_gpu_listed_twice_on_the_switch_is_refused(tmp_path: Path) -> None:
+    text = BASE.format(product="H100-SXM5-80GB") + "nvlink:\n  switch: {gpus: [0, 0], switches: 4}\n"
+    with pytest.raises(MachineError, match=r"nvlink\.switch\.gpus: GPU 0 is listed twice"):
+        load_machine(_write(tmp_path, text))

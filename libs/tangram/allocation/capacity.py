@@ -7,6 +7,7 @@ is cached per state, never per node: a fleet of thousands of nodes has few disti
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -15,6 +16,9 @@ from tangram.allocation.eligibility import Eligible
 from tangram.allocation.shape import NodeShape
 
 FitState = tuple[str, int, tuple[int, ...]]  # (shape signature, free whole GPU bits, occupied per GPU)
+
+_EXACT_COMPONENT = 12  # GPUs of a compatibility component that is no clique, counted exactly
+_CLIQUE_STEPS = 10_000  # search steps for one k-set in a larger such component
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,28 +105,108 @@ def placements_fit(masks: tuple[int, ...], used: int) -> int:
 
 @lru_cache(maxsize=200_000)
 def _sets(bits: int, k: int, compatible: tuple[int, ...]) -> int:
-    """The most disjoint k-sets of the GPUs in bits whose members are pairwise compatible."""
+    """The most disjoint k-sets of the GPUs in bits whose members are pairwise compatible.
+
+    A k-set lies inside one connected component of the compatibility graph, so components are
+    counted apart: one that is a clique (an NVSwitch fabric, a bridged pair) holds size // k sets;
+    any other is searched exactly up to _EXACT_COMPONENT GPUs, and greedily beyond.
+    """
     if bin(bits).count("1") < k:
         return 0
     if k == 1:
         return bin(bits).count("1")
+    total = 0
+    for component in _components(bits, compatible):
+        size = bin(component).count("1")
+        if size < k:
+            continue
+        if _is_clique(component, compatible):
+            total += size // k
+        elif size <= _EXACT_COMPONENT:
+            total += _exact_sets(component, k, compatible)
+        else:
+            total += _greedy_sets(component, k, compatible)
+    return total
+
+
+def _components(bits: int, compatible: tuple[int, ...]) -> list[int]:
+    out: list[int] = []
+    rest = bits
+    while rest:
+        component = frontier = rest & -rest
+        while frontier:
+            low = frontier & -frontier
+            frontier ^= low
+            new = compatible[low.bit_length() - 1] & rest & ~component
+            component |= new
+            frontier |= new
+        out.append(component)
+        rest &= ~component
+    return out
+
+
+def _is_clique(component: int, compatible: tuple[int, ...]) -> bool:
+    rest = component
+    while rest:
+        low = rest & -rest
+        rest ^= low
+        if (compatible[low.bit_length() - 1] | low) & component != component:
+            return False
+    return True
+
+
+@lru_cache(maxsize=200_000)
+def _exact_sets(bits: int, k: int, compatible: tuple[int, ...]) -> int:
+    if bin(bits).count("1") < k:
+        return 0
     low = (bits & -bits).bit_length() - 1
     rest = bits & ~(1 << low)
-    best = _sets(rest, k, compatible)
-    for members in _cliques(rest & compatible[low], k - 1, compatible):
-        best = max(best, 1 + _sets(rest & ~members, k, compatible))
+    best = _exact_sets(rest, k, compatible)
+    for members in cliques_in_order(rest & compatible[low], k - 1, compatible):
+        best = max(best, 1 + _exact_sets(rest & ~members, k, compatible))
     return best
 
 
-def _cliques(bits: int, k: int, compatible: tuple[int, ...]) -> list[int]:
-    """Every k-set of the GPUs in bits that is pairwise compatible, as bits."""
-    if k == 0:
-        return [0]
-    out: list[int] = []
-    remaining = bits
-    while remaining:
-        low = (remaining & -remaining).bit_length() - 1
-        remaining &= ~(1 << low)
-        for tail in _cliques(remaining & compatible[low], k - 1, compatible):
-            out.append(tail | 1 << low)
-    return out
+def _greedy_sets(bits: int, k: int, compatible: tuple[int, ...]) -> int:
+    """Disjoint k-sets taken lowest GPU first: a count never above the most there are."""
+    count = 0
+    rest = bits
+    while bin(rest).count("1") >= k:
+        low = (rest & -rest).bit_length() - 1
+        rest &= ~(1 << low)
+        found = first_clique(rest & compatible[low], k - 1, compatible)
+        if found is not None:
+            rest &= ~found
+            count += 1
+    return count
+
+
+def first_clique(bits: int, k: int, compatible: tuple[int, ...], limit: int = _CLIQUE_STEPS) -> int | None:
+    """The first pairwise compatible k-set of the GPUs in bits, in order of GPU index, as bits;
+    None when there is none or none is found within `limit` steps."""
+    for found in cliques_in_order(bits, k, compatible, limit):
+        return found
+    return None
+
+
+def cliques_in_order(
+    bits: int, k: int, compatible: tuple[int, ...], limit: int | None = None
+) -> Iterator[int]:
+    """The pairwise compatible k-sets of the GPUs in bits as bits, in the order of
+    itertools.combinations over the GPUs sorted by index, in at most `limit` steps when given."""
+    steps = 0
+
+    def extend(candidates: int, need: int, chosen: int) -> Iterator[int]:
+        nonlocal steps
+        if need == 0:
+            yield chosen
+            return
+        while bin(candidates).count("1") >= need:
+            steps += 1
+            if limit is not None and steps > limit:
+                return
+            low = candidates & -candidates
+            candidates ^= low
+            yield from extend(candidates & compatible[low.bit_length() - 1], need - 1, chosen | low)
+
+    yield from extend(bits, k, 0)

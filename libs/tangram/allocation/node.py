@@ -41,6 +41,10 @@ class NodeState:
         self.shape = shape
         self.generation = generation
         self.gpu_uuid = {g.index: g.uuid for g in hw.gpus}
+        self._memory_slices: dict[int, int] = {}
+        for g in hw.gpus:
+            self._memory_slices.setdefault(g.index, g.memory_slices)
+        self._mig_enabled = {g.index for g in hw.gpus if g.mig_enabled}
         self.allocated: dict[int, str] = {}  # device -> claim uid (admin access never lands here)
         self.remaining: dict[str, dict[str, int]] = {k: dict(v) for k, v in shape.counter_sets.items()}
         self.destroying: set[tuple[int, int, int]] = set()  # (gpu, profile id, start) being destroyed
@@ -154,10 +158,10 @@ class NodeState:
         return self._whole_free
 
     def mig_enabled(self, gpu_index: int) -> bool:
-        return any(g.index == gpu_index and g.mig_enabled for g in self.hw.gpus)
+        return gpu_index in self._mig_enabled
 
     def memory_slices(self, gpu_index: int) -> int:
-        return next((g.memory_slices for g in self.hw.gpus if g.index == gpu_index), 0)
+        return self._memory_slices.get(gpu_index, 0)
 
     def instance_for(self, device: DeviceShape) -> ExistingInstance | None:
         """The live MIG device at exactly this placement, if there is one not being destroyed."""

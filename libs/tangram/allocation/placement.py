@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
 
-from tangram.allocation.capacity import FitState, Want, fit, placements_fit, want_on
+from tangram.allocation.capacity import FitState, Want, cliques_in_order, fit, placements_fit, want_on
 from tangram.allocation.demand import ClaimKind, Demand
 from tangram.allocation.eligibility import Eligible
 from tangram.allocation.model import CandidateScore, LossTerm
@@ -366,14 +366,17 @@ def _options(node: NodeState, key: tuple[Any, ...], want: Want) -> Iterator[Opti
             if want.whole >> g & 1 and shape.gpus[g].whole is not None and available[shape.gpus[g].whole or 0]
         ]
         if want.paired:
+            # The pairwise compatible sets in the order of combinations(free, count), found without
+            # trying every combination (C(128, 8) is 1.4e12).
+            free_bits = 0
+            for g in free:
+                free_bits |= 1 << g
             groups: Iterator[tuple[int, ...]] = (
-                c
-                for c in combinations(free, want.count)
-                if all(want.compatible[a] >> b & 1 for a, b in combinations(c, 2))
+                _members(bits) for bits in cliques_in_order(free_bits, want.count, want.compatible)
             )
         else:
             groups = combinations(free, want.count)
-        ideal = shape.best_set_scores.get(want.count, 0)
+        ideal = shape.best_set_score(want.count)
         for n, gpus in enumerate(groups):
             if n >= _COMBINATIONS_LIMIT:
                 break
@@ -420,3 +423,13 @@ def _leaves(shape: NodeShape, free_whole: int, occupied: list[int]) -> tuple[int
         if width:
             slices += width - bin(occupied[position] & ((1 << width) - 1)).count("1")
     return bin(free_whole).count("1"), slices
+
+
+def _members(bits: int) -> tuple[int, ...]:
+    """The GPU indexes set in bits, lowest first."""
+    out = []
+    while bits:
+        low = bits & -bits
+        out.append(low.bit_length() - 1)
+        bits ^= low
+    return tuple(out)

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from itertools import combinations
 
 import msgspec
 
 from tangram.allocation.links import PairTable
 from tangram.dra.model import Device, NodeDevices
 from tangram.dra.names import memory_slice_counter
-from tangram.events.inventory import NodeHardware
+from tangram.events.inventory import GpuInfo, NodeHardware
 
 # Attributes whose values differ between otherwise identical nodes; a selector that names one of
 # them is evaluated per node instead of per shape.
@@ -86,14 +85,21 @@ class NodeShape:
             )
             for name, counters in self.counter_sets.items()
         }
+        by_index: dict[int, GpuInfo] = {}
+        for g in hw.gpus:
+            by_index.setdefault(g.index, g)
         self.devices: tuple[DeviceShape, ...] = tuple(
-            _device_shape(i, d, hw, self.slice_counters) for i, d in enumerate(devices.devices)
+            _device_shape(i, d, by_index[d.gpu_index], self.slice_counters)
+            for i, d in enumerate(devices.devices)
         )
         self.index_by_name = {d.name: d.index for d in self.devices}
         self.pairs = PairTable([g.index for g in hw.gpus], hw.links)
+        per_gpu: dict[int, list[DeviceShape]] = {}
+        for d in self.devices:
+            per_gpu.setdefault(d.gpu_index, []).append(d)
         gpus: dict[int, GpuShape] = {}
         for gpu in sorted(hw.gpus, key=lambda g: g.index):
-            mine = [d for d in self.devices if d.gpu_index == gpu.index]
+            mine = per_gpu.get(gpu.index, [])
             whole = next((d.index for d in mine if d.kind == "gpu"), None)
             mig = tuple(d.index for d in mine if d.kind == "mig")
             sets = {name for d in mine for name, _ in d.consumes}
@@ -110,32 +116,27 @@ class NodeShape:
                 uncounted_slices=sum(1 << s for s in range(slices) if s not in counted),
             )
         self.gpus = gpus
-        self.devices_by_set: dict[str, tuple[int, ...]] = {
-            name: tuple(d.index for d in self.devices if any(s == name for s, _ in d.consumes))
-            for name in self.counter_sets
-        }
-        whole_gpus = [g.index for g in gpus.values() if g.whole is not None]
-        self.best_set_scores = self.pairs.best_set_scores(whole_gpus)
-        self.largest_nvlink_set = _largest_nvlink_set(self.pairs, whole_gpus)
+        by_set: dict[str, list[int]] = {name: [] for name in self.counter_sets}
+        for d in self.devices:
+            for name in dict.fromkeys(s for s, _ in d.consumes):
+                if name in by_set:
+                    by_set[name].append(d.index)
+        self.devices_by_set: dict[str, tuple[int, ...]] = {name: tuple(v) for name, v in by_set.items()}
+        self.whole_gpus = tuple(g.index for g in gpus.values() if g.whole is not None)
+        self._best_set_scores: dict[int, int] = {}
+        self.largest_nvlink_set = self.pairs.largest_nvlink_set(self.whole_gpus)
 
-
-def _largest_nvlink_set(pairs: PairTable, gpus: list[int]) -> int:
-    """The most whole GPUs that are NVLink-connected pairwise (1 when no pair is)."""
-    best = 1 if gpus else 0
-    members = sorted(gpus)
-    if len(members) > 16:
-        return len(members)  # too many to search; never filters
-    for bits in range(1, 1 << len(members)):
-        chosen = [members[i] for i in range(len(members)) if bits >> i & 1]
-        if len(chosen) > best and all(pairs.nvlinks(a, b) > 0 for a, b in combinations(chosen, 2)):
-            best = len(chosen)
-    return best
+    def best_set_score(self, k: int) -> int:
+        """The highest set score of any k whole GPUs of the hardware (0 for fewer than 2), once per k."""
+        found = self._best_set_scores.get(k)
+        if found is None:
+            found = self._best_set_scores[k] = self.pairs.best_set_score(self.whole_gpus, k)
+        return found
 
 
 def _device_shape(
-    index: int, device: Device, hw: NodeHardware, slice_counters: dict[str, tuple[tuple[int, str], ...]]
+    index: int, device: Device, gpu: GpuInfo, slice_counters: dict[str, tuple[tuple[int, str], ...]]
 ) -> DeviceShape:
-    gpu = next(g for g in hw.gpus if g.index == device.gpu_index)
     if device.placement is not None:
         size = device.placement.size
         mask = sum(1 << s for s in device.placement.slices)

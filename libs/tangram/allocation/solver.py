@@ -285,7 +285,7 @@ def solve(
         if len(gpus) > 1:
             score = shape.pairs.set_score(gpus)
             set_score += score
-            ideal += shape.best_set_scores.get(len(gpus), 0)
+            ideal += shape.best_set_score(len(gpus))
             offered = {shape.devices[d].gpu_index for d in search.offered.get(depth, choice)}
             best_available += max(score, shape.pairs.best_set_score(offered | gpus, len(gpus)))
     return Solution(

@@ -211,7 +211,7 @@ class PlacementTally:
                         node=node_name,
                         devices=[],
                         set_score=score,
-                        ideal_set_score=shape.best_set_scores.get(len(gpus), 0),
+                        ideal_set_score=shape.best_set_score(len(gpus)),
                         best_available_set_score=best_available,
                     )
                 )

@@ -1,6 +1,12 @@
 """Simulated machines: YAML descriptions of whole nodes (GPUs, PCIe, NUMA, NVLink wiring, fabric).
 
 Shipped machines live next to this module; `load_machine` also accepts a path to a user's file.
+
+A machine description is bounded: at most MAX_MACHINE_BYTES of YAML, MAX_GPUS_PER_MACHINE GPUs and
+MAX_NVSWITCHES NVSwitches (a DGX-2 has 16 GPUs on 12 NVSwitches; a GB200 NVL72 rack is 72 GPUs,
+whose nine switch trays hold 18 NVSwitch chips). `parse_machine`, which every machine file goes
+through, refuses anything larger before validating it, so every computation over a machine (the
+simulator's answers, a node's inventory, the allocator's tables) runs on a bounded input.
 """
 
 from __future__ import annotations
@@ -10,12 +16,16 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from tangram.hardware.catalogue import PRODUCTS, GpuProduct
 from tangram.inputs import InputError, read_yaml
 
 _PCI_BUS_ID = r"^[0-9a-fA-F]{8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$"
+
+MAX_GPUS_PER_MACHINE = 128
+MAX_NVSWITCHES = 18  # the NVSwitch chips of a GB200 NVL72 rack's nine switch trays
+MAX_MACHINE_BYTES = 1024 * 1024  # a 128-GPU machine with MIG instances takes about 64 KiB
 
 
 class MachineError(ValueError):
@@ -96,42 +106,49 @@ class MachineSpec(_Strict):
     nvlink: NvlinkWiring = NvlinkWiring()
     fabric: FabricSpec | None = None
 
+    # Lookups by GPU index, filled by the validator: the simulator asks them on every NVLink call.
+    _peers: dict[int, int] = PrivateAttr(default_factory=dict)
+    _switched: frozenset[int] = PrivateAttr(default=frozenset())
+
     @model_validator(mode="after")
     def _check(self) -> MachineSpec:
         count = len(self.gpus)
         bus_ids = [g.pci_bus_id.lower() for g in self.gpus]
         if len(set(bus_ids)) != count:
             raise ValueError("two GPUs share a pci_bus_id")
-        bridged: set[int] = set()
+        peers: dict[int, int] = {}
         for a, b in self.nvlink.bridges:
             for i in (a, b):
                 if not 0 <= i < count:
                     raise ValueError(f"nvlink.bridges: GPU index {i} out of range 0..{count - 1}")
                 if self.gpus[i].spec.nvlink is None:
                     raise ValueError(f"nvlink.bridges: GPU {i} ({self.gpus[i].product}) has no NVLink")
-                if i in bridged:
+                if i in peers:
                     raise ValueError(f"nvlink.bridges: GPU {i} is in two bridges")
-                bridged.add(i)
+                peers[i] = b if i == a else a
             if a == b:
                 raise ValueError(f"nvlink.bridges: GPU {a} bridged to itself")
+        switched: set[int] = set()
         if self.nvlink.switch is not None:
             for i in self.nvlink.switch.gpus:
                 if not 0 <= i < count:
                     raise ValueError(f"nvlink.switch.gpus: GPU index {i} out of range 0..{count - 1}")
-                if i in bridged:
+                if i in peers:
                     raise ValueError(f"nvlink.switch.gpus: GPU {i} is also bridged")
                 if self.gpus[i].spec.nvlink is None:
                     raise ValueError(f"nvlink.switch.gpus: GPU {i} ({self.gpus[i].product}) has no NVLink")
+                if i in switched:
+                    raise ValueError(f"nvlink.switch.gpus: GPU {i} is listed twice")
+                switched.add(i)
+        self._peers = peers
+        self._switched = frozenset(switched)
         return self
 
     def bridge_peer(self, index: int) -> int | None:
-        for a, b in self.nvlink.bridges:
-            if index in (a, b):
-                return b if index == a else a
-        return None
+        return self._peers.get(index)
 
     def switch_attached(self, index: int) -> bool:
-        return self.nvlink.switch is not None and index in self.nvlink.switch.gpus
+        return index in self._switched
 
 
 def _package_dir() -> Path:
@@ -151,11 +168,30 @@ def _format_error(source: str, exc: ValidationError) -> str:
     return f"machine {source}: " + "; ".join(problems)
 
 
+def _check_bounds(data: dict[Any, Any], source: str) -> None:
+    """Refuse a machine past the stated maxima, before anything is validated per GPU."""
+    gpus = data.get("gpus")
+    if isinstance(gpus, list) and len(gpus) > MAX_GPUS_PER_MACHINE:
+        raise MachineError(
+            f"machine {source}: {len(gpus)} GPUs, more than the limit of {MAX_GPUS_PER_MACHINE} per machine"
+        )
+    nvlink = data.get("nvlink")
+    switch = nvlink.get("switch") if isinstance(nvlink, dict) else None
+    switches = switch.get("switches") if isinstance(switch, dict) else None
+    if isinstance(switches, int) and switches > MAX_NVSWITCHES:
+        raise MachineError(
+            f"machine {source}: nvlink.switch.switches: {switches} NVSwitches, "
+            f"more than the limit of {MAX_NVSWITCHES} per machine"
+        )
+
+
 def parse_machine(data: Any, *, source: str = "<data>") -> MachineSpec:
+    """A machine description checked against the bounds and validated (the one way files come in)."""
     if not isinstance(data, dict):
         raise MachineError(
             f"machine {source}: expected a mapping at the top level, got {type(data).__name__}"
         )
+    _check_bounds(data, source)
     try:
         return MachineSpec.model_validate(data)
     except ValidationError as exc:
@@ -174,13 +210,16 @@ def load_machine(name_or_path: str | Path) -> MachineSpec:
                 f"no machine named {text[:80]!r} and no such file; shipped: {', '.join(list_machines())}"
             )
     try:
-        data = read_yaml(path, "machine")
+        data = read_yaml(path, "machine", max_bytes=MAX_MACHINE_BYTES)
     except InputError as exc:
         raise MachineError(str(exc)) from None
     return parse_machine(data, source=str(path))
 
 
 __all__ = [
+    "MAX_GPUS_PER_MACHINE",
+    "MAX_MACHINE_BYTES",
+    "MAX_NVSWITCHES",
     "FabricSpec",
     "GpuSpec",
     "MachineError",

@@ -65,6 +65,9 @@ class SimNvml(SimHooks):
         self.machine = machine
         self._products: list[GpuProduct] = [g.spec for g in machine.gpus]
         self._uuids = [wiring.gpu_uuid(machine, i) for i in range(len(machine.gpus))]
+        self._pcie_roots: dict[str, str] = {}
+        for g in machine.gpus:
+            self._pcie_roots.setdefault(g.pci_bus_id.lower(), g.pcie_root)
         self._store = StateStore(initial_state(machine), state_file)
         self._init_count = 0
         self._event_sets: dict[int, dict[int, int]] = {}  # set id -> GPU index -> events seen
@@ -566,8 +569,7 @@ class SimNvml(SimHooks):
             return int(pynvml.NVML_SUCCESS)
 
     def pcie_root_of(self, pci_bus_id: str) -> str | None:
-        wanted = pci_bus_id.lower()
-        return next((g.pcie_root for g in self.machine.gpus if g.pci_bus_id.lower() == wanted), None)
+        return self._pcie_roots.get(pci_bus_id.lower())
 
     # ---- health events ----------------------------------------------------------------------------
 

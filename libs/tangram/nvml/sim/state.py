@@ -2,7 +2,9 @@
 
 A state file is guarded by an exclusive flock on a sibling `.lock` file and re-read on every call,
 so several processes of one simulated node see and change the same GPUs. Writes go to a temporary
-file renamed over the old one, so a reader never sees half a state.
+file renamed over the old one, so a reader never sees half a state. A call that finds the very
+bytes this process last read reuses the state decoded from them: an inventory of a 128-GPU node
+makes some 30,000 calls, and decoding the file for each was most of their time.
 """
 
 from __future__ import annotations
@@ -87,7 +89,9 @@ class StateStore:
 
     def __init__(self, initial: SimState, path: Path | None) -> None:
         self._path = path
+        self._lock_path = None if path is None else path.with_name(path.name + ".lock")
         self._memory = initial
+        self._decoded: tuple[bytes, SimState] | None = None  # the file's bytes and their state
         if path is not None:
             with self.transaction() as txn:
                 state = txn.state
@@ -103,8 +107,8 @@ class StateStore:
         if self._path is None:
             yield Txn(self._memory)
             return
-        lock_path = self._path.with_name(self._path.name + ".lock")
-        with open(lock_path, "a+b") as lock:
+        assert self._lock_path is not None
+        with open(self._lock_path, "a+b") as lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
             try:
                 state = self._read()
@@ -114,6 +118,8 @@ class StateStore:
                 except BaseException:
                     if txn.keep_on_error:
                         self._write(txn.state)
+                    elif txn.write:
+                        self._decoded = None  # a change that failed half-way is not kept
                     raise
                 if txn.write:
                     self._write(txn.state)
@@ -128,6 +134,9 @@ class StateStore:
             raw = read_bytes(self._path, "state file")
         except InputError as exc:
             raise StateFileError(str(exc)) from None
+        if self._decoded is not None and self._decoded[0] == raw:
+            return self._decoded[1]
+        self._decoded = None
         try:
             state = msgspec.json.decode(raw, type=SimState)
         except (msgspec.DecodeError, RecursionError) as exc:
@@ -136,10 +145,12 @@ class StateStore:
             raise StateFileError(
                 f"state file {self._path} has version {state.version}, expected {STATE_VERSION}"
             )
+        self._decoded = (raw, state)
         return state
 
     def _write(self, state: SimState) -> None:
         assert self._path is not None
         tmp = self._path.with_name(f".{self._path.name}.{os.getpid()}.tmp")
+        self._decoded = None  # decoded again on the next read, never shared with the caller's state
         tmp.write_bytes(msgspec.json.encode(state))
         os.replace(tmp, self._path)
