@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubernetes_asyncio.client import ResourceV1Api
+from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
 
 from tangram import DRIVER_NAME
 from tangram.cluster.up import install_device_classes
 from tangram.demo.cluster import LocalCluster, SimNode
 from tangram.hardware import machines
-from tangram.kube import call
+from tangram.kube import KubeApiError, call
 from tangram.kube.controlplane import ControlPlane, register_node
 
 READY_WAIT_S = 180.0
@@ -107,9 +107,9 @@ async def simulated_nodes(
     """(node name, machine) registered as Nodes (with `labels`) and run as Tangram's simulated
     nodes against the control plane of `kubeconfig`; the allocator gets `allocator_args`.
 
-    Yields the running cluster once every node is ready; its services are stopped on the way out
-    and, with `cleanup`, its working directory removed. A service that did not stop cleanly is
-    said on stderr, prefixed with `tangram bench <benchmark>`."""
+    Yields the running cluster once every node is ready; its services are stopped and its Nodes
+    deleted on the way out and, with `cleanup`, its working directory removed. A service that did
+    not stop cleanly is said on stderr, prefixed with `tangram bench <benchmark>`."""
     names = [name for name, _ in nodes]
     for name in names:
         await register_node(api, name, labels=dict(labels or {}))
@@ -131,6 +131,10 @@ async def simulated_nodes(
         codes = cluster.stop()
         if cleanup:
             shutil.rmtree(cluster.workdir, ignore_errors=True)
+        # a Node left with its slices on a shared control plane draws pods nothing prepares
+        for name in names:
+            with contextlib.suppress(KubeApiError):
+                await call(f"delete Node {name}", CoreV1Api(api).delete_node(name))
         failed = {name: code for name, code in codes.items() if code != 0}
         if failed:
             print(f"tangram bench {benchmark}: services that did not stop cleanly: {failed}", file=sys.stderr)
