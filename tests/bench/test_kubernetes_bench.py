@@ -90,9 +90,10 @@ def test_a_run_reports_what_was_admitted_before_the_first_unplaceable_pod() -> N
     assert report["multi_gpu_claims"] == 4
     assert report["multi_gpu_nvlink_optimal_share"] == 0.75
     assert report["multi_gpu_ideal_set_share"] == 0.5
-    # every scheduled pod: 100, 300 and 500 ms to be scheduled; a and b prepared in 500 and 1000
-    assert report["create_to_scheduled"] == {"p50_ms": 300.0, "p99_ms": 500.0}
-    assert report["create_to_prepared"] == {"p50_ms": 750.0, "p99_ms": 1000.0}
+    # every scheduled pod: 100, 300 and 500 ms to be scheduled (p99 0.98 of the way from 300 to
+    # 500); a and b prepared in 500 and 1000 (p99 0.99 of the way)
+    assert report["create_to_scheduled"] == {"p50_ms": 300.0, "p99_ms": 496.0}
+    assert report["create_to_prepared"] == {"p50_ms": 750.0, "p99_ms": 995.0}
     assert report["prepared"] == 2 and report["not_prepared"] == 1
     assert report["decisions"] == 5
     assert report["decisions_per_s"] == 3.85  # 5 decisions in 0.1 + 0.3 + 0.2 + 0.5 + 0.2 = 1.3 s

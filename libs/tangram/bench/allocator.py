@@ -28,9 +28,9 @@ from tangram.bench.traces import (
     mean_demand,
     shipped_classes,
 )
-from tangram.cli.allocate import _percentile
 from tangram.dra import node_devices
 from tangram.events.inventory import NodeHardware
+from tangram.stats import percentile
 
 TARGET_DECISIONS_PER_S = 2000.0
 TARGET_P99_MS = 5.0
@@ -126,8 +126,8 @@ def run_policy(
         "decisions": len(timings),
         "decisions_per_s": round(len(timings) / decide_s, 1) if decide_s > 0 else 0.0,
         "trace_ops_per_s": round(len(ops) / run_s, 1) if run_s > 0 else 0.0,
-        "p50_decision_ms": round(_percentile(timings, 0.50) * 1000, 3),
-        "p99_decision_ms": round(_percentile(timings, 0.99) * 1000, 3),
+        "p50_decision_ms": round(percentile(timings, 0.50) * 1000, 3) if timings else 0.0,
+        "p99_decision_ms": round(percentile(timings, 0.99) * 1000, 3) if timings else 0.0,
         "max_decision_ms": round(max(timings, default=0.0) * 1000, 3),
         "admitted": admitted,
         "failed": failed,

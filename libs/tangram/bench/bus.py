@@ -8,10 +8,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +18,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 from tangram.bus import Bus, BusConfig, ConsumerSpec
 from tangram.events import CLAIMS_STREAM, ClaimRequested, Event, encode
 from tangram.natsserver import NatsServer
+from tangram.stats import percentile
 
 PLAIN_STREAM = "BENCH_PLAIN"
 CHUNK = 1000
@@ -41,17 +40,12 @@ def _events(count: int, prefix: str) -> list[Event]:
     ]
 
 
-def _percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def _figures(count: int, publish_s: float, consume_s: float, latencies_ms: list[float]) -> dict[str, float]:
     return {
         "acked_publishes_per_s": round(count / publish_s, 1),
         "consumed_per_s": round(count / consume_s, 1),
-        "latency_p50_ms": round(statistics.median(latencies_ms), 3),
-        "latency_p99_ms": round(_percentile(latencies_ms, 0.99), 3),
+        "latency_p50_ms": round(percentile(latencies_ms, 0.5), 3),
+        "latency_p99_ms": round(percentile(latencies_ms, 0.99), 3),
     }
 
 

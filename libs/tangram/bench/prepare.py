@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import json
 import shutil
-import statistics
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -26,6 +25,7 @@ from tangram.kubelet.config import PluginConfig
 from tangram.kubelet.plugin import build_plugin
 from tangram.kubelet.preparer import ClaimPreparer
 from tangram.kubelet.proto import dra_v1_pb2, dra_v1_pb2_grpc
+from tangram.stats import percentile
 
 NODE = "bench-node"
 GPUS = 8
@@ -37,9 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def percentiles(samples_ms: Sequence[float]) -> dict[str, float]:
-    ordered = sorted(samples_ms)
-    p99_index = min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))
-    return {"p50_ms": round(statistics.median(ordered), 3), "p99_ms": round(ordered[p99_index], 3)}
+    return {"p50_ms": round(percentile(samples_ms, 0.5), 3), "p99_ms": round(percentile(samples_ms, 0.99), 3)}
 
 
 def _feed(source: InMemoryAllocationSource, uids: Sequence[str]) -> None:

@@ -50,6 +50,7 @@ from tangram.k8s.names import SCHEDULING_GATE
 from tangram.kube import KubeApiError, call, call_json
 from tangram.kube.controlplane import ControlPlaneError
 from tangram.kube.watching import list_then_watch
+from tangram.stats import percentile
 
 NODES = (("hgx-h200-0", "hgx-h200"), ("l40s-8-1", "l40s-8"))
 QUIET_SHAPE = ClaimShape("mig", compute=1, slices=1)  # a 1g.18gb slice: 56 on the H200 node
@@ -154,10 +155,11 @@ def latency(records: Sequence[QuietRecord]) -> dict[str, float | None]:
     samples = sorted(r.latency_s * 1000 for r in records if r.latency_s is not None)
     if not samples:
         return {"p50_ms": None, "p99_ms": None, "max_ms": None}
-    middle = len(samples) // 2
-    p50 = samples[middle] if len(samples) % 2 else (samples[middle - 1] + samples[middle]) / 2
-    p99 = samples[min(len(samples) - 1, round(0.99 * (len(samples) - 1)))]
-    return {"p50_ms": round(p50, 3), "p99_ms": round(p99, 3), "max_ms": round(samples[-1], 3)}
+    return {
+        "p50_ms": round(percentile(samples, 0.5), 3),
+        "p99_ms": round(percentile(samples, 0.99), 3),
+        "max_ms": round(samples[-1], 3),
+    }
 
 
 def quiet_report(

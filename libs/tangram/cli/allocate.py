@@ -16,6 +16,7 @@ from tangram.allocation import POLICIES, Allocated, Claim, DeviceClass, FleetSta
 from tangram.events.inventory import NodeHardware
 from tangram.inputs import Document, InputError, load_yaml_documents, read_text, read_yaml
 from tangram.k8s.limits import DNS_SUBDOMAIN, MAX_SUBDOMAIN
+from tangram.stats import percentile
 
 MAX_FLEET_NODES = 10_000  # ten times the fleet of the allocator benchmark
 
@@ -199,13 +200,6 @@ def _device_json(device: Any) -> dict[str, Any]:
     return out
 
 
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
@@ -281,8 +275,8 @@ def _run(args: argparse.Namespace) -> int:
         "free_gpus": metrics.free_gpus,
         **nvlink.report(),
         "decisions_per_s": round(len(timings) / total, 1) if total > 0 else 0.0,
-        "p50_decision_ms": round(_percentile(timings, 0.50) * 1000, 3),
-        "p99_decision_ms": round(_percentile(timings, 0.99) * 1000, 3),
+        "p50_decision_ms": round(percentile(timings, 0.50) * 1000, 3) if timings else 0.0,
+        "p99_decision_ms": round(percentile(timings, 0.99) * 1000, 3) if timings else 0.0,
     }
     out.write(json.dumps({"summary": summary}) + "\n")
     return 0

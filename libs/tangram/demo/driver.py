@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import random
 import socket
-import statistics
 import time
 import uuid
 from collections import Counter
@@ -36,6 +35,7 @@ from tangram.events import (
     decode,
 )
 from tangram.kubelet.client import ClaimHandle, KubeletClient
+from tangram.stats import percentile
 
 DECISION_TIMEOUT_S = 30.0
 SETTLE_TIMEOUT_S = 60.0  # released MIG instances destroyed, on a loaded machine
@@ -362,6 +362,6 @@ def percentiles(ordered: list[float]) -> dict[str, float | None]:
     if not ordered:
         return {"p50": None, "p99": None}
     return {
-        "p50": round(statistics.median(ordered), 2),
-        "p99": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 2),
+        "p50": round(percentile(ordered, 0.5), 2),
+        "p99": round(percentile(ordered, 0.99), 2),
     }
