@@ -29,8 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from services.admission.certs import TlsMaterial, issue
 from services.admission.connections import ConnectionBounds
 from services.admission.server import AdmissionServer, server_tls
-from tests.admission.test_review_and_certs import review
-from tests.admission.test_server import StubLookup
+from tests.admission.reviews import StubLookup, review
 
 CLOSE_WAIT_S = 10.0
 SHORT = 0.2  # seconds: a bound under test

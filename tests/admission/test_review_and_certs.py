@@ -14,22 +14,10 @@ from services.admission.certs import TlsMaterial, issue, not_after, renew
 from services.admission.keeper import material_of, secret_data
 from services.admission.review import BadReview, answer, claim_references, gate_patch, parse
 from tangram.k8s.names import SCHEDULING_GATE
+from tests.admission.reviews import review
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 HOSTS = ("tangram-admission.tangram.svc", "tangram-admission", "127.0.0.1")
-
-
-def review(pod: dict[str, Any] | None = None, **request: Any) -> dict[str, Any]:
-    body = {
-        "uid": "0b5d-1",
-        "kind": {"group": "", "version": "v1", "kind": "Pod"},
-        "resource": {"group": "", "version": "v1", "resource": "pods"},
-        "operation": "CREATE",
-        "namespace": "team-a",
-        "object": pod if pod is not None else {"metadata": {"name": "p"}, "spec": {"containers": []}},
-    }
-    body.update(request)
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": body}
 
 
 def raw(obj: Any) -> bytes:

@@ -16,29 +16,12 @@ import aiohttp
 import pytest
 
 from services.admission.certs import TlsMaterial, issue
-from services.admission.lookup import Verdict
-from services.admission.review import Source
 from services.admission.server import AdmissionServer, server_tls
 from tangram.k8s.names import SCHEDULING_GATE
 from tangram.kube import KubeApiError
-from tests.admission.test_review_and_certs import review
+from tests.admission.reviews import StubLookup, review
 
 MAX_BODY = 64 * 1024
-
-
-class StubLookup:
-    """Gates pods whose claim templates are named `tangram-*`; `fail` makes every look-up fail."""
-
-    def __init__(self) -> None:
-        self.asked: list[tuple[str, list[tuple[Source, str]]]] = []
-        self.fail: Exception | None = None
-
-    async def verdict(self, namespace: str, references: list[tuple[Source, str]]) -> Verdict:
-        self.asked.append((namespace, references))
-        if self.fail is not None:
-            raise self.fail
-        gate = any(name.startswith("tangram-") for _, name in references)
-        return Verdict(gate, "stub")
 
 
 @pytest.fixture

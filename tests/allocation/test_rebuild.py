@@ -15,7 +15,7 @@ from tangram.allocation.templates import DeviceTemplates
 from tangram.dra import node_devices
 from tangram.events.inventory import MigInstance, MigPlacement, NodeHardware
 from tests.allocation.machines import CLASSES, a100_mig, claim, h100_nvl, hgx, profile_is, request
-from tests.allocation.test_properties import NODES, make_claim, steps
+from tests.allocation.traces import NODES, make_claim, steps
 
 FOLLOW_UP = [
     claim("next-2", request(count=2)),

@@ -21,7 +21,7 @@ from tangram.natsserver import NatsServer
 from tangram.service import ServiceContext
 from tangram.service.runner import serve
 from tests.kubelet.fakes import NODE, TestKubelet, inventory
-from tests.service.test_readiness import until_readyz
+from tests.service.readiness import until_readyz
 
 
 async def test_missing_driver_root_stops_the_service_at_start(

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import re
 import tomllib
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.deploy.settingsenv import MODULES, ROOT, settings_env_vars
+
 SERVICES = {"allocator", "discovery", "partitioner", "cdi"}
 
 
@@ -18,30 +18,8 @@ def _compose() -> dict[str, Any]:
     return data
 
 
-# Services the image's entry point starts from a library module rather than services/<name>.
-MODULES = {
-    "authcallout": ROOT / "services/authcallout/__main__.py",
-    "admission": ROOT / "services/admission/__main__.py",
-}
-
-
-def _settings_env_vars() -> set[str]:
-    """Every TANGRAM_* variable the services' settings modules read."""
-    sources = [
-        ROOT / "libs/tangram/service/settings.py",
-        *ROOT.glob("services/*/settings.py"),
-        *MODULES.values(),
-    ]
-    names: set[str] = set()
-    for source in sources:
-        text = source.read_text()
-        names |= set(re.findall(r"\b(?:env|env_flag)\(\s*\"(TANGRAM_[A-Z_]+)\"", text))
-        names |= {f"TANGRAM_{n}" for n in re.findall(r"\b_env\(\s*\"([A-Z_]+)\"", text)}
-    return names
-
-
 def test_settings_scan_finds_the_shared_variables() -> None:
-    found = _settings_env_vars()
+    found = settings_env_vars()
     assert {"TANGRAM_NATS_URL", "TANGRAM_HEALTH_PORT", "TANGRAM_HEALTH_HOST", "TANGRAM_NODE_NAME"} <= found
     assert {"TANGRAM_SIM", "TANGRAM_CDI_DIR", "TANGRAM_POLICY"} <= found
 
@@ -74,7 +52,7 @@ def test_compose_runs_a_three_server_nats_cluster_and_services_replicate_streams
 
 
 def test_compose_services_exist_and_set_only_known_variables() -> None:
-    known = _settings_env_vars()
+    known = settings_env_vars()
     for name, service in _compose()["services"].items():
         if name.startswith("nats"):
             continue
@@ -133,7 +111,7 @@ def test_dockerfile_copies_existing_paths_and_runs_as_non_root() -> None:
 
 
 def test_manifest_environment_is_read_by_the_services() -> None:
-    known = _settings_env_vars() | {"TANGRAM_NATS_URL_FILE"}  # read by the image's entry point
+    known = settings_env_vars() | {"TANGRAM_NATS_URL_FILE"}  # read by the image's entry point
     for path in (ROOT / "deploy/kubernetes").glob("*.yaml"):
         for document in yaml.safe_load_all(path.read_text()):
             if document is None or document["kind"] not in ("Deployment", "DaemonSet"):

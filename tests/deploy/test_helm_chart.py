@@ -22,7 +22,8 @@ from kubernetes_asyncio.client import CoreV1Api, V1Namespace, V1ObjectMeta
 
 from tangram.kube import call
 from tangram.kube import helm as chart
-from tests.deploy.test_compose_and_image import _settings_env_vars
+from tests.deploy.apiserver import Refused, api_request, api_resources
+from tests.deploy.settingsenv import settings_env_vars
 
 ROOT = Path(__file__).resolve().parents[2]
 HELM_DIR = ROOT / "deploy" / "helm"
@@ -526,7 +527,7 @@ def test_gpu_operator_driver_root_is_seen_under_the_host_mount(helm: Path) -> No
 def test_the_environment_is_read_by_the_services(
     rendered: dict[str, list[dict[str, Any]]], value_set: str
 ) -> None:
-    known = _settings_env_vars() | {"TANGRAM_NATS_URL_FILE"}  # read by the image's entry point
+    known = settings_env_vars() | {"TANGRAM_NATS_URL_FILE"}  # read by the image's entry point
     workloads = [("Deployment", "allocator"), ("DaemonSet", "node")]
     if value_set in CALLOUT_SETS:
         workloads.append(("Deployment", "authcallout"))
@@ -906,40 +907,13 @@ def test_split_by_template_keeps_every_document() -> None:
 # --- the real API server ---------------------------------------------------------------------
 
 
-class Refused(AssertionError):
-    """The API server answered with an error status."""
-
-
-async def _request(kube: Any, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-    # unparsed responses do not raise on error statuses: read the status here
-    response = await kube.call_api(
-        path,
-        method,
-        auth_settings=["BearerToken"],
-        _preload_content=False,
-        _return_http_data_only=True,
-        **kwargs,
-    )
-    body = await response.read()
-    if response.status >= 300:
-        raise Refused(f"{method} {path}: {response.status} {body.decode(errors='replace')}")
-    answer: dict[str, Any] = json.loads(body)
-    return answer
-
-
-async def _resources(kube: Any, api_version: str) -> dict[str, dict[str, Any]]:
-    path = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    listing = await _request(kube, "GET", path, header_params={"Accept": "application/json"})
-    return {r["kind"]: r for r in listing["resources"] if "/" not in r["name"]}
-
-
 async def _apply_dry_run(kube: Any, obj: dict[str, Any], resources: dict[str, Any]) -> dict[str, Any]:
     """Server-side apply with dryRun=All and strict field validation: what the server would store."""
     resource = resources[obj["kind"]]
     base = "/api/v1" if obj["apiVersion"] == "v1" else f"/apis/{obj['apiVersion']}"
     namespace = f"/namespaces/{obj['metadata']['namespace']}" if resource["namespaced"] else ""
     path = f"{base}{namespace}/{resource['name']}/{obj['metadata']['name']}"
-    return await _request(
+    return await api_request(
         kube,
         "PATCH",
         path,
@@ -991,7 +965,7 @@ async def _accepts_every_object(kube: Any, unique: str, helm: Path, value_set: s
         applied = []
         for obj in _in_namespace(objects, namespace):
             if obj["apiVersion"] not in discovered:
-                discovered[obj["apiVersion"]] = await _resources(kube, obj["apiVersion"])
+                discovered[obj["apiVersion"]] = await api_resources(kube, obj["apiVersion"])
             stored = await _apply_dry_run(kube, obj, discovered[obj["apiVersion"]])
             assert stored["kind"] == obj["kind"] and stored["metadata"]["name"] == obj["metadata"]["name"]
             applied.append(obj["kind"])
@@ -1014,12 +988,12 @@ async def test_the_api_server_refuses_an_unknown_field(kube: Any, helm: Path) ->
     objects = _objects(chart.template(binary=helm))
     role = dict(_one(objects, "ClusterRole", "node"))
     role["rulez"] = [{"verbs": ["get"]}]
-    resources = await _resources(kube, "rbac.authorization.k8s.io/v1")
+    resources = await api_resources(kube, "rbac.authorization.k8s.io/v1")
     with pytest.raises(Refused, match=r"\.rulez: field not declared in schema"):
         await _apply_dry_run(kube, role, resources)
     # and a dry run stores nothing
     with pytest.raises(Refused, match="404"):
-        await _request(kube, "GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles/tangram-node")
+        await api_request(kube, "GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles/tangram-node")
 
 
 @pytest.mark.controlplane
@@ -1051,13 +1025,13 @@ async def test_helm_installs_and_uninstalls_the_chart(
         )
         assert "STATUS: deployed" in notes and f"installed in namespace {namespace}" in notes
         prefix = f"/apis/apps/v1/namespaces/{namespace}"
-        daemonset = await _request(kube, "GET", f"{prefix}/daemonsets/{release}-tangram-node")
+        daemonset = await api_request(kube, "GET", f"{prefix}/daemonsets/{release}-tangram-node")
         assert daemonset["spec"]["template"]["spec"]["serviceAccountName"] == f"{release}-tangram-node"
-        deployment = await _request(kube, "GET", f"{prefix}/deployments/{release}-tangram-allocator")
+        deployment = await api_request(kube, "GET", f"{prefix}/deployments/{release}-tangram-allocator")
         assert deployment["spec"]["replicas"] == 2
-        nats = await _request(kube, "GET", f"{prefix}/statefulsets/{release}-tangram-nats")
+        nats = await api_request(kube, "GET", f"{prefix}/statefulsets/{release}-tangram-nats")
         assert nats["spec"]["replicas"] == 3
-        policy = await _request(
+        policy = await api_request(
             kube,
             "GET",
             f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/{release}-tangram-resourceslices-own-node",
@@ -1066,7 +1040,7 @@ async def test_helm_installs_and_uninstalls_the_chart(
         assert f"system:serviceaccount:{namespace}:{release}-tangram-node" in condition
         chart.run(["uninstall", release, "--wait", *kubeconfig], binary=helm)
         with pytest.raises(Refused, match="404"):
-            await _request(
+            await api_request(
                 kube, "GET", f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{release}-tangram-node"
             )
     finally:

@@ -205,3 +205,15 @@ async def allocator_state(cluster: LocalCluster, name: str = "allocator") -> dic
     )
     async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/state") as answer:
         return dict(await answer.json())
+
+
+def gpus_template(name: str, namespace: str, count: int) -> dict[str, Any]:
+    request = {
+        "name": "gpus",
+        "exactly": {
+            "deviceClassName": DRIVER,
+            "count": count,
+            "selectors": [{"cel": {"expression": NOT_GPU0}}],
+        },
+    }
+    return template(name, namespace, {"devices": {"requests": [request]}})

@@ -35,6 +35,7 @@ from tests.e2e.kubecluster import (
     DRIVER,
     MIG_1G,
     allocator_state,
+    gpus_template,
     leading_allocator,
     pod,
     started_node,
@@ -42,8 +43,7 @@ from tests.e2e.kubecluster import (
     until,
     wait_for_pod,
 )
-from tests.e2e.test_admission import gates_of, serving
-from tests.e2e.test_kubernetes_decides import gpus_template
+from tests.e2e.webhook import gates_of, serving
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.controlplane]
 

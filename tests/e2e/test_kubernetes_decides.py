@@ -23,6 +23,7 @@ from tests.e2e.kubecluster import (
     Node,
     allocator_state,
     claim_of,
+    gpus_template,
     leading_allocator,
     pod,
     started_node,
@@ -46,18 +47,6 @@ def mig_template(namespace: str) -> dict[str, Any]:
         "exactly": {"deviceClassName": "mig.gpu.tangram.dev", "selectors": [{"cel": {"expression": MIG_1G}}]},
     }
     return template("small", namespace, {"devices": {"requests": [request]}})
-
-
-def gpus_template(name: str, namespace: str, count: int) -> dict[str, Any]:
-    request = {
-        "name": "gpus",
-        "exactly": {
-            "deviceClassName": DRIVER,
-            "count": count,
-            "selectors": [{"cel": {"expression": NOT_GPU0}}],
-        },
-    }
-    return template(name, namespace, {"devices": {"requests": [request]}})
 
 
 async def gone(check: Any) -> bool:

@@ -12,8 +12,7 @@ from kubernetes_asyncio.watch import Watch
 
 from tangram.kube import KubeApiError, KubeConfigError, call, connect
 from tests.kube.apiserver import LocalApiServer
-from tests.kube.conftest import DRIVER
-from tests.kube.test_discovery_slices import write_kubeconfig
+from tests.kube.helpers import DRIVER, write_kubeconfig
 
 
 def slice_object(node: str, index: int = 0, *, labels: dict[str, str] | None = None) -> dict[str, Any]:

@@ -7,7 +7,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-import yaml
 
 from services.discovery.service import run
 from services.discovery.settings import DiscoverySettings, parse_settings
@@ -15,33 +14,7 @@ from tangram.bus import Bus
 from tangram.natsserver import NatsServer
 from tangram.service import ServiceContext
 from tests.kube.apiserver import LocalApiServer
-from tests.kube.conftest import simulated
-
-NODE = "gpu-node.example.com"
-
-
-def write_kubeconfig(path: Path, server: str) -> Path:
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "local", "cluster": {"server": server}}],
-                "users": [{"name": "discovery", "user": {"token": "not-checked"}}],
-                "contexts": [{"name": "local", "context": {"cluster": "local", "user": "discovery"}}],
-                "current-context": "local",
-            }
-        )
-    )
-    return path
-
-
-async def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
-    async def poll() -> None:
-        while not predicate():
-            await asyncio.sleep(0.05)
-
-    await asyncio.wait_for(poll(), timeout)
+from tests.kube.helpers import NODE, simulated, wait_for, write_kubeconfig
 
 
 async def run_discovery(settings: DiscoverySettings, bus: Bus, until: Callable[[], Awaitable[None]]) -> None:

@@ -13,8 +13,7 @@ from tangram.bus import Bus
 from tangram.natsserver import NatsServer
 from tangram.service import ServiceContext
 from tests.kube.apiserver import LocalApiServer
-from tests.kube.conftest import simulated
-from tests.kube.test_discovery_slices import NODE, wait_for, write_kubeconfig
+from tests.kube.helpers import NODE, simulated, wait_for, write_kubeconfig
 
 DOUBLE_BIT_ECC_XID = 48
 APPLICATION_XID = 13  # graphics engine exception raised by the program: not the GPU's fault

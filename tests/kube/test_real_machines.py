@@ -22,7 +22,7 @@ from tangram.hardware.machines import list_machines
 from tangram.k8s import render_slices
 from tangram.kube import KubeApiError, call
 from tangram.nvml.inventory import read_node_hardware
-from tests.kube.conftest import DRIVER, simulated
+from tests.kube.helpers import DRIVER, simulated
 
 # the first test to use a control plane also pays for starting it (a minute or more on a loaded
 # machine), inside its own timeout

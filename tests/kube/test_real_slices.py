@@ -23,7 +23,7 @@ from tangram.kube import SlicePublisher, call
 from tangram.kube.controlplane import ControlPlane, register_node
 from tangram.kube.layout import detect_layout
 from tangram.nvml.inventory import read_node_hardware
-from tests.kube.conftest import DRIVER, machine_slices, simulated
+from tests.kube.helpers import DRIVER, machine_slices, simulated
 
 # the first test to use a control plane also pays for starting it (a minute or more on a loaded
 # machine), inside its own timeout

@@ -11,7 +11,7 @@ import pytest
 from tangram.kube import SPEC_HASH_ANNOTATION, SliceInputError, SlicePublisher
 from tangram.nvml import SimNvml
 from tests.kube.apiserver import LocalApiServer
-from tests.kube.conftest import DRIVER, machine_slices, simulated
+from tests.kube.helpers import DRIVER, machine_slices, simulated
 
 NODE = "gpu-node-1"
 

@@ -11,7 +11,7 @@ from tangram.bus import Bus
 from tangram.natsserver import NatsServer
 from tangram.service import ServiceContext
 from tests.kube.apiserver import LocalApiServer
-from tests.kube.test_discovery_slices import NODE, wait_for, write_kubeconfig
+from tests.kube.helpers import NODE, wait_for, write_kubeconfig
 
 
 def problems(ctx: ServiceContext) -> list[str]:

@@ -11,8 +11,8 @@ from tangram.events import NodeHardware
 from tangram.kubelet.health import HealthBoard, health_of
 from tangram.kubelet.proto import dra_health_v1alpha1_pb2 as health_pb2
 from tests.allocator.helpers import hardware as simulated
-from tests.kubelet.conftest import PluginHarness
 from tests.kubelet.fakes import NODE, inventory
+from tests.kubelet.harness import PluginHarness
 
 
 def with_gpu_health(hardware: NodeHardware, index: int, health: str) -> NodeHardware:

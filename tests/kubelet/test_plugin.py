@@ -10,7 +10,6 @@ import msgspec
 
 from tangram.events import ClaimPrepared, ClaimUnprepared, MigPlacement, PartitionApplied
 from tangram.kubelet.servicers import PREPARE_SECONDS
-from tests.kubelet.conftest import PluginHarness
 from tests.kubelet.fakes import (
     GPU1,
     NODE,
@@ -21,6 +20,7 @@ from tests.kubelet.fakes import (
     schema_validator,
     whole_gpu_allocation,
 )
+from tests.kubelet.harness import PluginHarness
 
 UID_A = "0b6f6c55-3f0e-4c4e-9a59-2d3f2c1f7a01"
 UID_B = "1c7a7d66-4a1f-4d5f-8b6a-3e4a3d2a8b02"

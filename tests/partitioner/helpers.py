@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pynvml
+from nats.aio.msg import Msg
 
 from services.partitioner.partitioner import Partitioner
-from tangram.events import Event, MigPlacement, NodeHardware, PartitionRequested, subject_token
+from services.partitioner.service import run
+from services.partitioner.settings import PartitionerSettings
+from tangram.bus import Bus
+from tangram.events import (
+    Event,
+    MigPlacement,
+    NodeHardware,
+    PartitionRequested,
+    decode,
+    subject_token,
+)
 from tangram.nvml import SimNvml, parse_mig_minors, render_mig_minors
 from tangram.nvml.inventory import read_node_hardware
 from tangram.partitioning import MigExecutor, PartitionLedger
+from tangram.service import ServiceContext
 
 NODE = "node-a"
 MINORS = parse_mig_minors(render_mig_minors())
@@ -101,3 +116,43 @@ def command(
         claim_uid=claim_uid,
         mig_uuid=mig_uuid,
     )
+
+
+class Inbox:
+    def __init__(self) -> None:
+        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        # partition results read while waiting for another command's, by command id
+        self.results: dict[str, Event] = {}
+
+    async def deliver(self, msg: Msg) -> None:
+        self.events.put_nowait(decode(msg.data))
+
+    async def next(self, kind: type[Event], timeout: float = 60.0) -> Event:
+        while True:
+            event = await asyncio.wait_for(self.events.get(), timeout)
+            if isinstance(event, kind):
+                return event
+
+
+@asynccontextmanager
+async def running(bus: Bus, settings: PartitionerSettings) -> AsyncIterator[ServiceContext]:
+    ctx = ServiceContext(name="partitioner", bus=bus, stop=asyncio.Event())
+    task = asyncio.create_task(run(ctx, settings))
+    ready = asyncio.create_task(ctx.ready.wait())
+    await asyncio.wait([task, ready], return_when=asyncio.FIRST_COMPLETED, timeout=30)
+    if not ready.done():
+        ready.cancel()
+        await asyncio.gather(ready, return_exceptions=True)
+        await task  # raises the start-up failure
+        raise AssertionError("the partitioner did not become ready")
+    try:
+        yield ctx
+    finally:
+        ctx.stop.set()
+        await task
+
+
+async def subscribe(bus: Bus, subject: str) -> Inbox:
+    inbox = Inbox()
+    await bus.nats.subscribe(subject, cb=inbox.deliver)
+    return inbox

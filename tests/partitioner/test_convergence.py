@@ -28,8 +28,7 @@ from tangram.events import (
 from tangram.natsserver import NatsServer
 from tangram.nvml import SimNvml
 from tangram.partitioning import MigExecutor
-from tests.partitioner.helpers import MINORS, NODE, command, gpu_uuid, sim
-from tests.partitioner.test_service import Inbox, _subscribe, running
+from tests.partitioner.helpers import MINORS, NODE, Inbox, command, gpu_uuid, running, sim, subscribe
 
 # 3g.40gb at slices 0-3 of GPU 0 (dgx-h100), then a 1g.10gb at slice 0: overlapping, not equal.
 BIG = {"profile": "3g.40gb", "profile_id": 9, "start": 0, "size": 4}
@@ -100,8 +99,8 @@ async def test_a_destroy_that_arrives_before_its_release_is_read_waits_for_it(
 ) -> None:
     state = tmp_path / "node.json"
     view = sim("dgx-h100", state)
-    results = await _subscribe(bus, f"tangram.node.{NODE}.partition.*")
-    inventories = await _subscribe(bus, f"tangram.inventory.{NODE}")
+    results = await subscribe(bus, f"tangram.node.{NODE}.partition.*")
+    inventories = await subscribe(bus, f"tangram.inventory.{NODE}")
     async with running(bus, settings(nats_server, state)):
         await inventories.next(NodeInventory)
         mig_uuid = await create_for(bus, view, results, "x", BIG)
@@ -122,8 +121,8 @@ async def test_a_create_on_a_released_claims_slices_does_not_wait_for_that_claim
 ) -> None:
     state = tmp_path / "node.json"
     view = sim("dgx-h100", state)
-    results = await _subscribe(bus, f"tangram.node.{NODE}.partition.*")
-    inventories = await _subscribe(bus, f"tangram.inventory.{NODE}")
+    results = await subscribe(bus, f"tangram.node.{NODE}.partition.*")
+    inventories = await subscribe(bus, f"tangram.inventory.{NODE}")
     async with running(bus, settings(nats_server, state)):
         await inventories.next(NodeInventory)
         old = await create_for(bus, view, results, "x", BIG)
@@ -142,8 +141,8 @@ async def test_a_create_read_before_the_previous_holders_release_waits_for_it(
 ) -> None:
     state = tmp_path / "node.json"
     view = sim("dgx-h100", state)
-    results = await _subscribe(bus, f"tangram.node.{NODE}.partition.*")
-    inventories = await _subscribe(bus, f"tangram.inventory.{NODE}")
+    results = await subscribe(bus, f"tangram.node.{NODE}.partition.*")
+    inventories = await subscribe(bus, f"tangram.inventory.{NODE}")
     async with running(bus, settings(nats_server, state)):
         await inventories.next(NodeInventory)
         old = await create_for(bus, view, results, "x", BIG)
@@ -168,8 +167,8 @@ async def test_commands_sent_before_an_allocator_crash_and_decided_again_leave_n
     command read after the decision creates nothing."""
     state = tmp_path / "node.json"
     view = sim("dgx-h100", state)
-    results = await _subscribe(bus, f"tangram.node.{NODE}.partition.*")
-    inventories = await _subscribe(bus, f"tangram.inventory.{NODE}")
+    results = await subscribe(bus, f"tangram.node.{NODE}.partition.*")
+    inventories = await subscribe(bus, f"tangram.inventory.{NODE}")
     async with running(bus, settings(nats_server, state)):
         await inventories.next(NodeInventory)
         await bus.publish(command("first-x", view, claim_uid="x", **BIG))  # type: ignore[arg-type]

@@ -2,69 +2,27 @@
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import msgspec
 import pytest
-from nats.aio.msg import Msg
 
-from services.partitioner.service import run
 from services.partitioner.settings import PartitionerSettings, parse_settings
 from tangram.bus import Bus
 from tangram.events import (
     AllocatedDevice,
     ClaimAllocated,
     ClaimReleased,
-    Event,
     MigPlacement,
     NodeInventory,
     PartitionApplied,
-    decode,
 )
 from tangram.natsserver import NatsServer
 from tangram.nvml import SimNvml, calls
 from tangram.partitioning import CleanMode, MigExecutor
-from tangram.service import ServiceContext
-from tests.partitioner.helpers import MINORS, NODE, command, gpu_uuid, sim
-
-
-class Inbox:
-    def __init__(self) -> None:
-        self.events: asyncio.Queue[Event] = asyncio.Queue()
-        # partition results read while waiting for another command's, by command id
-        self.results: dict[str, Event] = {}
-
-    async def deliver(self, msg: Msg) -> None:
-        self.events.put_nowait(decode(msg.data))
-
-    async def next(self, kind: type[Event], timeout: float = 60.0) -> Event:
-        while True:
-            event = await asyncio.wait_for(self.events.get(), timeout)
-            if isinstance(event, kind):
-                return event
-
-
-@asynccontextmanager
-async def running(bus: Bus, settings: PartitionerSettings) -> AsyncIterator[ServiceContext]:
-    ctx = ServiceContext(name="partitioner", bus=bus, stop=asyncio.Event())
-    task = asyncio.create_task(run(ctx, settings))
-    ready = asyncio.create_task(ctx.ready.wait())
-    await asyncio.wait([task, ready], return_when=asyncio.FIRST_COMPLETED, timeout=30)
-    if not ready.done():
-        ready.cancel()
-        await asyncio.gather(ready, return_exceptions=True)
-        await task  # raises the start-up failure
-        raise AssertionError("the partitioner did not become ready")
-    try:
-        yield ctx
-    finally:
-        ctx.stop.set()
-        await task
+from tests.partitioner.helpers import MINORS, NODE, Inbox, command, gpu_uuid, running, sim, subscribe
 
 
 def _settings(server: NatsServer, state: Path, *, clean_orphans: CleanMode = "empty") -> PartitionerSettings:
@@ -77,20 +35,14 @@ def _settings(server: NatsServer, state: Path, *, clean_orphans: CleanMode = "em
     )
 
 
-async def _subscribe(bus: Bus, subject: str) -> Inbox:
-    inbox = Inbox()
-    await bus.nats.subscribe(subject, cb=inbox.deliver)
-    return inbox
-
-
 @pytest.mark.timeout(600)  # fifty commands, one at a time, on a loaded machine
 async def test_command_through_nats_is_applied_and_latency_measured(
     bus: Bus, nats_server: NatsServer, tmp_path: Path
 ) -> None:
     state = tmp_path / "node.json"
     view = sim("dgx-h100", state)
-    results = await _subscribe(bus, "tangram.node.node-a.partition.*")
-    inventories = await _subscribe(bus, "tangram.inventory.node-a")
+    results = await subscribe(bus, "tangram.node.node-a.partition.*")
+    inventories = await subscribe(bus, "tangram.inventory.node-a")
     async with running(bus, _settings(nats_server, state)):
         first = await inventories.next(NodeInventory)  # published by the start-up reconciliation
         assert isinstance(first, NodeInventory) and first.hardware.node == NODE
@@ -159,7 +111,7 @@ async def test_restart_reconciles_leftovers_and_orphans(
             )
         )  # fmt: skip
     await bus.publish(ClaimReleased(key="gone", namespace="ns", name="gone", uid="gone"))
-    results = await _subscribe(bus, "tangram.node.node-a.partition.applied")
+    results = await subscribe(bus, "tangram.node.node-a.partition.applied")
     async with running(bus, _settings(nats_server, state, clean_orphans="all")):
         cleaned = await results.next(PartitionApplied)
         assert isinstance(cleaned, PartitionApplied)

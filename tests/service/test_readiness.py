@@ -6,9 +6,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
-import aiohttp
 import nats
 from nats.aio.msg import Msg
 
@@ -36,25 +34,7 @@ from tangram.natsserver import NatsServer
 from tangram.service import ServiceContext
 from tangram.service.runner import serve
 from tangram.service.settings import NodeSettings, ServiceSettings
-
-
-async def readyz(port: int) -> tuple[int, dict[str, Any]]:
-    async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/readyz") as response:
-        body: dict[str, Any] = await response.json()
-        return response.status, body
-
-
-async def until_readyz(port: int, status: int, timeout: float = 20.0) -> dict[str, Any]:
-    """The first /readyz body with `status`; the service's own state changes drive the wait."""
-
-    async def poll() -> dict[str, Any]:
-        while True:
-            code, body = await readyz(port)
-            if code == status:
-                return body
-            await asyncio.sleep(0.05)
-
-    return await asyncio.wait_for(poll(), timeout)
+from tests.service.readiness import readyz, until_readyz
 
 
 async def run_service(settings: ServiceSettings, body: Callable[[ServiceContext], Awaitable[None]]) -> int:
