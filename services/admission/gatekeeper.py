@@ -39,6 +39,7 @@ from prometheus_client import Counter
 from tangram.k8s.alive import ALLOCATOR_LEASE, allocator_alive
 from tangram.k8s.claimbridge import warning_event
 from tangram.k8s.gates import holds_gate, remove_gate_patch
+from tangram.k8s.times import kube_time, parse_time
 from tangram.kube import KubeApiError, call_json
 from tangram.kube.events import record_event
 from tangram.kube.watching import list_then_watch
@@ -69,16 +70,7 @@ class Expired:
 
 
 def _created(pod: Mapping[str, Any]) -> datetime | None:
-    stamp = (pod.get("metadata") or {}).get("creationTimestamp")
-    if isinstance(stamp, datetime):
-        return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
-    if not isinstance(stamp, str):
-        return None
-    try:
-        parsed = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    return parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
 
 
 def expired_gates(pods: Iterable[Mapping[str, Any]], now: datetime, timeout_s: float) -> list[Expired]:
@@ -315,7 +307,7 @@ class GateKeeper:
             "Pod",
             reason=REASON,
             message=message,
-            now=self._now().strftime("%Y-%m-%dT%H:%M:%SZ"),
+            now=kube_time(self._now()),
             component=COMPONENT,
             suffix=suffix,
         )

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from tangram.k8s.times import micro_time, parse_time
 
 ALLOCATOR_LEASE = "tangram-allocator"
 DEFAULT_NAMESPACE = "tangram-system"
@@ -34,24 +36,6 @@ def own_namespace(explicit: str | None = None) -> str:
         if found:
             return found
     return DEFAULT_NAMESPACE
-
-
-def micro_time(when: datetime) -> str:
-    """A Kubernetes MicroTime: RFC 3339 with microseconds, in UTC."""
-    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def parse_time(stamp: object) -> datetime | None:
-    """A Kubernetes Time or MicroTime (or a datetime) as an aware datetime; None when unreadable."""
-    if isinstance(stamp, datetime):
-        return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
-    if not isinstance(stamp, str) or not stamp:
-        return None
-    try:
-        parsed = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def lease_spec(holder: str, now: datetime, *, acquired: str | None = None) -> dict[str, Any]:
