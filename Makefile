@@ -38,20 +38,20 @@ chromium:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 # The Kubernetes control plane the tests run (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler in one Go program, tests/controlplane/). Built once per Kubernetes version and
+# kube-scheduler in one Go program, tools/controlplane/). Built once per Kubernetes version and
 # source into ~/.cache/tangram/controlplane/ (or $$XDG_CACHE_HOME); needs Go and the module proxy.
 controlplane: $(STAMP)
-	@$(BIN)/python -m tangram.kube.controlplane build
+	@$(BIN)/python -m tangram.local.controlplane build
 
 # Helm, for the chart in deploy/helm/tangram: built from its Go module (helm.sh/helm/v3) once per
 # version into ~/.cache/tangram/helm/ (or $$XDG_CACHE_HOME); needs Go and the module proxy.
 helm: $(STAMP)
-	@$(BIN)/python -m tangram.kube.helm build
+	@$(BIN)/python -m tangram.local.helm build
 
 # deploy/kubernetes/*.yaml and deploy/openshift/node-scc.yaml are `helm template` output of the
 # chart; edit the chart, then run this (the tests fail while the files differ from a fresh render).
 manifests: helm
-	$(BIN)/python -m tangram.kube.helm manifests
+	$(BIN)/python -m tangram.local.helm manifests
 
 # Only the tests that run against the real control plane (`make test` runs them too).
 test-kubernetes: controlplane

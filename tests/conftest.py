@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tangram.bus import Bus, BusConfig
-from tangram.natsserver import NatsCluster, NatsServer
+from tangram.local.natsserver import NatsCluster, NatsServer
 
 # the real Kubernetes control plane: `controlplane`, `kube`, `unique` and friends
 pytest_plugins = ["tests.realcluster"]

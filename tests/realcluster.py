@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tangram.kube.controlplane import (
+from tangram.local.controlplane import (
     PARTITIONABLE_GATES,
     WHOLE_DEVICE_GATES,
     ControlPlane,

@@ -61,6 +61,7 @@ from tangram.k8s.claimbridge import (
     ungate_patch,
     warning_event,
 )
+from tangram.k8s.times import kube_time
 from tangram.kube import KubeApiError, call_json
 from tangram.kube.events import record_event
 from tangram.kube.watching import list_then_watch
@@ -497,7 +498,7 @@ class ClaimBridge:
         if self._warned.get(failed.uid) == failed.reason:
             return  # asked again and failed for the same reason: said once is enough
         self._warned[failed.uid] = failed.reason
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = kube_time(datetime.now(UTC))
         suffix = derived_id(failed.uid, failed.attempt, "unschedulable")[:16]
         involved = [("ResourceClaim", claim)] + [("Pod", pod) for pod in self._users_of(claim_ref(claim))]
         for kind, obj in involved:

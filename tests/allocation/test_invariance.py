@@ -18,8 +18,7 @@ from tangram.bench.traces import (
     saturating_trace,
     shipped_classes,
 )
-from tangram.cli.allocate import renamed_machine
-from tangram.events.inventory import NodeHardware
+from tangram.events.inventory import NodeHardware, renamed_machine
 
 CLASSES = shipped_classes()
 FLEET = build_fleet([("hgx-h200", 1), ("h100-nvl-4x2", 1), ("l40s-8", 1)])

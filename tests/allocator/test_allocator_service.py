@@ -19,7 +19,7 @@ from tangram.events import (
     DeadLetter,
     PartitionRequested,
 )
-from tangram.natsserver import NatsServer
+from tangram.local.natsserver import NatsServer
 from tangram.service import ServiceContext
 
 from .helpers import allocator, decisions, gpus, inventory, log, mig, request, until

@@ -33,7 +33,7 @@ from tangram.events import (
     subject_token,
 )
 from tangram.events.codec import encode
-from tangram.natsserver import NatsServer
+from tangram.local.natsserver import NatsServer
 from tests.allocation.machines import DOMAIN, request
 from tests.allocation.tenants import (
     CEL_RUNTIME_ERRORS,

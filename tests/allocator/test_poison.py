@@ -10,7 +10,7 @@ from prometheus_client import REGISTRY
 from tangram.bus import Bus
 from tangram.bus.deadletters import PREFIX_BYTES
 from tangram.events import CLAIMS_STREAM, DEADLETTER_STREAM, INVENTORY_STREAM, ClaimAllocated, DeadLetter
-from tangram.natsserver import NatsServer
+from tangram.local.natsserver import NatsServer
 
 from .helpers import allocator, decisions, gpus, inventory, request, until
 

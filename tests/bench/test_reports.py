@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tangram.bench import allocator, quality, rebuild
-from tangram.natsserver import NatsServer
+from tangram.local.natsserver import NatsServer
 
 
 def parse(module: object, *argv: str) -> argparse.Namespace:

@@ -13,10 +13,10 @@ from tangram import DRIVER_NAME
 from tangram.allocation import Allocated, Claim, Failed, FleetState
 from tangram.bench import tenants as tb
 from tangram.bench.traces import machine_hardware, shipped_classes
-from tangram.cli.allocate import renamed_machine
 from tangram.dra import node_devices
+from tangram.events.inventory import renamed_machine
 from tangram.k8s.names import SCHEDULING_GATE
-from tangram.kube.controlplane import ControlPlane
+from tangram.local.controlplane import ControlPlane
 
 
 def test_the_flood_asks_for_l40s_gpus_and_the_quiet_claims_for_an_h200_slice() -> None:

@@ -21,7 +21,7 @@ from tangram.events import (
     Event,
     encode,
 )
-from tangram.natsserver import NatsServer
+from tangram.local.natsserver import NatsServer
 
 
 def claim(n: int) -> ClaimRequested:

@@ -14,7 +14,7 @@ import pytest
 from tangram.bus import STREAMS, Bus, BusConfig, ConsumerSpec
 from tangram.bus.declarations import LEADER_BUCKET
 from tangram.events import CLAIMS_STREAM, ClaimRequested, Event
-from tangram.natsserver import ClusterMembership, NatsCluster, NatsServer, NatsServerError
+from tangram.local.natsserver import ClusterMembership, NatsCluster, NatsServer, NatsServerError
 
 
 def claim(n: int) -> ClaimRequested:

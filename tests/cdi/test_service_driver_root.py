@@ -17,7 +17,7 @@ from services.cdi.settings import CdiSettings, parse_settings
 from tangram.bus import Bus
 from tangram.cdi.simroot import lay_out_driver_root
 from tangram.kubelet.proto import dra_health_v1alpha1_pb2 as health_pb2
-from tangram.natsserver import NatsServer
+from tangram.local.natsserver import NatsServer
 from tangram.service import ServiceContext
 from tangram.service.runner import serve
 from tests.kubelet.fakes import NODE, TestKubelet, inventory

@@ -4,7 +4,7 @@ Kubernetes 1.34, 1.35 and 1.36 (CRD kinds by their own structure) and accepted b
 server (server-side apply, dry run, strict field validation); the pods are what the services
 need and no more; and deploy/kubernetes/ is exactly the chart's render, never a second copy.
 
-Helm comes from `make helm` (built from its Go module, tangram.kube.helm).
+Helm comes from `make helm` (built from its Go module, tangram.local.helm).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import yaml
 from kubernetes_asyncio.client import CoreV1Api, V1Namespace, V1ObjectMeta
 
 from tangram.kube import call
-from tangram.kube import helm as chart
+from tangram.local import helm as chart
 from tests.deploy.apiserver import Refused, api_request, api_resources
 from tests.deploy.settingsenv import settings_env_vars
 
@@ -671,8 +671,8 @@ ROLE_WORKLOAD = {
 # Code under libs/ that services never run: the tests' control plane, this chart's tooling,
 # `tangram cluster up` (a local cluster with a kubelet stand-in, run by a person, not deployed) and
 # the benchmarks (`tangram bench kubernetes` drives its own control plane).
-NOT_SERVICE_CODE = {"controlplane.py", "helm.py"}
-NOT_SERVICE_FOLDERS = {ROOT / "libs" / "tangram" / "cluster", ROOT / "libs" / "tangram" / "bench"}
+NOT_SERVICE_CODE: set[str] = set()
+NOT_SERVICE_FOLDERS = {ROOT / "libs" / "tangram" / tooling for tooling in ("local", "bench", "demo", "chaos")}
 # Shared helpers that make a call on their caller's behalf: the call is charged to the role of each
 # module that uses the helper, never to the role of the module that defines it.
 CALLING_HELPERS = {"record_event": ROOT / "libs" / "tangram" / "kube" / "events.py"}

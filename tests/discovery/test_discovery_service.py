@@ -16,7 +16,7 @@ from services.discovery.service import run
 from services.discovery.settings import DiscoverySettings
 from tangram.bus import Bus
 from tangram.events import INVENTORY_STREAM, NODES_STREAM, DeviceHealthChanged, NodeInventory
-from tangram.natsserver import NatsServer
+from tangram.local.natsserver import NatsServer
 from tangram.nvml import SimNvml
 from tangram.service import ServiceContext
 

@@ -13,11 +13,11 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
 
-from tangram.cluster.kubelet import NodeKubelet
-from tangram.cluster.up import install_device_classes
-from tangram.demo.cluster import LocalCluster, SimNode
 from tangram.kube import KubeApiError, call
-from tangram.kube.controlplane import ControlPlane, register_node
+from tangram.local.clusterup import install_device_classes
+from tangram.local.controlplane import ControlPlane, register_node
+from tangram.local.kubelet import NodeKubelet
+from tangram.local.processes import LocalCluster, SimNode
 from tangram.partitioning import MigExecutor
 from tests.partitioner.helpers import MINORS, sim
 

@@ -26,10 +26,10 @@ from kubernetes_asyncio.client import AdmissionregistrationV1Api, CoreV1Api, Res
 
 from services.admission.certs import renew
 from services.admission.keeper import material_of, secret_data
-from tangram.cluster.up import install_device_classes
 from tangram.k8s.names import SCHEDULING_GATE
 from tangram.kube import KubeApiError, call
-from tangram.kube.controlplane import ControlPlane
+from tangram.local.clusterup import install_device_classes
+from tangram.local.controlplane import ControlPlane
 from tests.deploy.apiserver import api_request
 from tests.e2e.kubecluster import until
 from tests.e2e.webhook import (

@@ -15,8 +15,8 @@ import pytest
 import yaml
 from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
 
-from tangram.cluster.up import READY
 from tangram.kube import connect
+from tangram.local.clusterup import READY
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.controlplane]
 

@@ -14,7 +14,6 @@ import pytest
 
 from tangram.bus import Bus, BusConfig
 from tangram.chaos.invariants import overlapping_allocations
-from tangram.demo.cluster import LocalCluster, SimNode
 from tangram.demo.driver import Driver, Held, Tracker, wait_for_cluster
 from tangram.demo.scenario import DemoClaim, churn, mig, whole_gpus
 from tangram.events import (
@@ -23,6 +22,7 @@ from tangram.events import (
     ClaimFailed,
     ClaimRequested,
 )
+from tangram.local.processes import LocalCluster, SimNode
 from tangram.nvml import SimNvml
 
 NODES = [SimNode("node-a", "hgx-h200"), SimNode("node-b", "dgx-h100")]

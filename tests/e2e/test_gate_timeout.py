@@ -30,7 +30,7 @@ from services.admission.gatekeeper import REASON
 from tangram.k8s.alive import ALLOCATOR_LEASE
 from tangram.k8s.names import SCHEDULING_GATE
 from tangram.kube import KubeApiError, call
-from tangram.kube.controlplane import ControlPlane
+from tangram.local.controlplane import ControlPlane
 from tests.e2e.kubecluster import (
     DRIVER,
     MIG_1G,

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tangram.kube.controlplane import ControlPlane
 from tangram.kubelet.client import ClaimHandle, KubeletClient
+from tangram.local.controlplane import ControlPlane
 from tests.e2e.kubecluster import (
     DRIVER,
     MIG_1G,

@@ -17,7 +17,7 @@ from tangram.bench import kubernetes as kb
 from tangram.bench.traces import Arrival, shipped_classes
 from tangram.k8s.names import SCHEDULING_GATE
 from tangram.kube import KubeApiError, call
-from tangram.kube.controlplane import ControlPlane
+from tangram.local.controlplane import ControlPlane
 from tests.e2e.kubecluster import until
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.controlplane]

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tangram.k8s.names import SCHEDULING_GATE
-from tangram.kube.controlplane import ControlPlane
+from tangram.local.controlplane import ControlPlane
 from tests.e2e.kubecluster import (
     DRIVER,
     MIG_1G,

@@ -17,7 +17,7 @@ from kubernetes_asyncio.client import CoreV1Api
 
 from tangram.k8s.names import SCHEDULING_GATE
 from tangram.kube import KubeApiError, call
-from tangram.kube.controlplane import ControlPlane
+from tangram.local.controlplane import ControlPlane
 from tests.e2e.kubecluster import (
     DRIVER,
     NOT_GPU0,

@@ -18,8 +18,8 @@ import yaml
 from kubernetes_asyncio.client import CoreV1Api
 
 from tangram.kube import KubeApiError, call
-from tangram.kube import helm as chart
-from tangram.kube.controlplane import ControlPlane, free_ports
+from tangram.local import helm as chart
+from tangram.local.controlplane import ControlPlane, free_ports
 from tests.deploy.apiserver import api_request, api_resources
 from tests.e2e.kubecluster import until
 

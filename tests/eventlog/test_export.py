@@ -24,7 +24,7 @@ from tangram.eventlog.records import (
     record,
     write_log,
 )
-from tangram.natsserver import NatsServer
+from tangram.local.natsserver import NatsServer
 from tests.allocator.helpers import gpus, inventory, request
 
 

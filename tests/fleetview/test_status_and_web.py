@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from tangram.bus import Bus
-from tangram.natsserver import NatsServer
+from tangram.local.natsserver import NatsServer
 from tests.fleetview.pictures import NODE, fleet_events
 
 DOCS_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "ui.png"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tangram.kube.controlplane import (
+from tangram.local.controlplane import (
     KUBERNETES_VERSION,
     ControlPlane,
     ControlPlaneError,

@@ -11,7 +11,7 @@ import pytest
 from services.discovery.service import run
 from services.discovery.settings import DiscoverySettings, parse_settings
 from tangram.bus import Bus
-from tangram.natsserver import NatsServer
+from tangram.local.natsserver import NatsServer
 from tangram.service import ServiceContext
 from tests.kube.apiserver import LocalApiServer
 from tests.kube.helpers import NODE, simulated, wait_for, write_kubeconfig

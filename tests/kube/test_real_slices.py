@@ -20,8 +20,8 @@ from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
 from services.discovery.settings import DiscoverySettings
 from services.discovery.slices import slice_sync
 from tangram.kube import SlicePublisher, call
-from tangram.kube.controlplane import ControlPlane, register_node
 from tangram.kube.layout import detect_layout
+from tangram.local.controlplane import ControlPlane, register_node
 from tangram.nvml.inventory import read_node_hardware
 from tests.kube.helpers import DRIVER, machine_slices, simulated
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from services.discovery.service import run
 from services.discovery.settings import DiscoverySettings
 from tangram.bus import Bus
-from tangram.natsserver import NatsServer
+from tangram.local.natsserver import NatsServer
 from tangram.service import ServiceContext
 from tests.kube.apiserver import LocalApiServer
 from tests.kube.helpers import NODE, wait_for, write_kubeconfig

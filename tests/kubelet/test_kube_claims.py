@@ -24,7 +24,7 @@ from tangram.bus import Bus
 from tangram.cdi.simroot import lay_out_driver_root
 from tangram.events import Event, PartitionApplied, PartitionRequested, decode
 from tangram.hardware.machines import load_machine
-from tangram.natsserver import NatsServer
+from tangram.local.natsserver import NatsServer
 from tangram.partitioning import MigExecutor
 from tangram.partitioning.model import ObservedInstance
 from tangram.service import ServiceContext

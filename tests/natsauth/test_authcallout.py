@@ -32,7 +32,8 @@ from services.authcallout.identity import NODE_NAME, POD_NAME
 from tangram.bus import Bus, BusConfig, partitioner_consumer
 from tangram.events import INVENTORY_STREAM, NODES_STREAM
 from tangram.kube import call
-from tangram.kube.controlplane import ControlPlane, register_node
+from tangram.local.controlplane import ControlPlane, register_node
+from tangram.local.natsserver import NatsServer, free_port
 from tangram.natsauth.jwt import generate_seed, public_key_of
 from tangram.natsauth.permissions import (
     ADMIN_USER,
@@ -42,7 +43,6 @@ from tangram.natsauth.permissions import (
     node_user,
     render_callout_authorization,
 )
-from tangram.natsserver import NatsServer, free_port
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.controlplane]
 

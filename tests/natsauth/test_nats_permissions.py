@@ -30,8 +30,8 @@ from tangram.events import (
     PartitionApplied,
     PartitionRequested,
 )
+from tangram.local.natsserver import NatsServer
 from tangram.natsauth.permissions import build_users, inbox, render_users
-from tangram.natsserver import NatsServer
 
 NODE_A = "node-a"
 NODE_B = "gpu-b.lab"  # a dotted name: its user is node-gpu-b_lab, its subjects tangram.node.gpu-b_lab.*

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tangram.cli import main
+from tangram.local.natsserver import find_nats_server
 from tangram.natsauth.jwt import public_key_of
 from tangram.natsauth.permissions import (
     NatsAuthError,
@@ -18,7 +19,6 @@ from tangram.natsauth.permissions import (
     node_user,
     render_authorization,
 )
-from tangram.natsserver import find_nats_server
 
 
 def test_node_users_are_named_by_subject_token() -> None:

@@ -25,7 +25,7 @@ from tangram.events import (
     PartitionApplied,
     PartitionFailed,
 )
-from tangram.natsserver import NatsServer
+from tangram.local.natsserver import NatsServer
 from tangram.nvml import SimNvml
 from tangram.partitioning import MigExecutor
 from tests.partitioner.helpers import MINORS, NODE, Inbox, command, gpu_uuid, running, sim, subscribe

@@ -19,7 +19,7 @@ from tangram.events import (
     NodeInventory,
     PartitionApplied,
 )
-from tangram.natsserver import NatsServer
+from tangram.local.natsserver import NatsServer
 from tangram.nvml import SimNvml, calls
 from tangram.partitioning import CleanMode, MigExecutor
 from tests.partitioner.helpers import MINORS, NODE, Inbox, command, gpu_uuid, running, sim, subscribe

@@ -14,9 +14,9 @@ from nats.aio.client import Client as NatsClient
 
 from tangram.bus import Bus, BusConfig
 from tangram.bus.declarations import CLAIM_DECISION_SUBJECTS
-from tangram.demo.cluster import LocalCluster, SimNode
 from tangram.demo.driver import Driver, Tracker, wait_for_cluster
 from tangram.events import CLAIMS_STREAM, DEADLETTER_STREAM, DeadLetter, Event, NodeInventory
+from tangram.local.processes import LocalCluster, SimNode
 from tangram.natsauth.permissions import ADMIN_USER, ALLOCATOR_USER, inbox, node_user
 
 # node-a has 8 NVSwitch-connected H200s, node-b 4 A100s: an 8-GPU claim fits only node-a.

@@ -19,7 +19,6 @@ import pytest
 from nats.aio.client import Client as NatsClient
 
 from tangram.bus import Bus
-from tangram.demo.cluster import LocalCluster, SimNode
 from tangram.demo.driver import Held
 from tangram.demo.scenario import DemoClaim, mig, whole_gpus
 from tangram.events import (
@@ -37,6 +36,7 @@ from tangram.events import (
     PartitionRequested,
     encode,
 )
+from tangram.local.processes import LocalCluster, SimNode
 from tangram.partitioning import MigExecutor
 from tests.events.samples import HARDWARE
 from tests.partitioner.helpers import MINORS, sim

@@ -11,6 +11,7 @@ import nats
 from nats.aio.msg import Msg
 
 from tangram.bus import Bus, BusConfig
+from tangram.local.natsserver import NatsServer
 from tangram.natsauth.jwt import (
     auth_response,
     decode_auth_request,
@@ -30,7 +31,6 @@ from tangram.natsauth.permissions import (
     node_user,
     render_callout_authorization,
 )
-from tangram.natsserver import NatsServer
 from tangram.service import ServiceContext
 from tangram.service.runner import serve
 from tangram.service.settings import NodeSettings, ServiceSettings

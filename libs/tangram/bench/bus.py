@@ -17,7 +17,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
 from tangram.bus import Bus, BusConfig, ConsumerSpec
 from tangram.events import CLAIMS_STREAM, ClaimRequested, Event, encode
-from tangram.natsserver import NatsServer
+from tangram.local.natsserver import NatsServer
 from tangram.stats import percentile
 
 PLAIN_STREAM = "BENCH_PLAIN"

@@ -56,12 +56,11 @@ from tangram.bench.traces import (
     machine_hardware,
     saturating_trace,
 )
-from tangram.cli.allocate import renamed_machine
-from tangram.cluster.kubelet import NodeKubelet
-from tangram.events.inventory import NodeHardware
+from tangram.events.inventory import NodeHardware, renamed_machine
 from tangram.k8s.names import SCHEDULING_GATE
 from tangram.kube import KubeApiError, call, call_json
-from tangram.kube.controlplane import ControlPlaneError
+from tangram.local.controlplane import ControlPlaneError
+from tangram.local.kubelet import NodeKubelet
 
 DECIDERS = ("kube-scheduler", "tangram")
 MACHINES = ("hgx-h200", "h100-nvl-4x2")  # --nodes N cycles through these
@@ -742,7 +741,7 @@ def table(result: Mapping[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     # The kubelet stand-ins log each prepare they retry; the report counts the pods never prepared.
-    logging.getLogger("tangram.cluster.kubelet").setLevel(logging.ERROR)
+    logging.getLogger("tangram.local.kubelet").setLevel(logging.ERROR)
     try:
         result = asyncio.run(bench(args))
     except (BenchError, ControlPlaneError, KubeApiError, OSError) as error:

@@ -23,11 +23,11 @@ import yaml
 from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
 
 from tangram import DRIVER_NAME
-from tangram.cluster.up import install_device_classes
-from tangram.demo.cluster import LocalCluster, SimNode
 from tangram.hardware import machines
 from tangram.kube import KubeApiError, call
-from tangram.kube.controlplane import ControlPlane, register_node
+from tangram.local.clusterup import install_device_classes
+from tangram.local.controlplane import ControlPlane, register_node
+from tangram.local.processes import LocalCluster, SimNode
 
 READY_WAIT_S = 180.0
 

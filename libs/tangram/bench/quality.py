@@ -36,9 +36,8 @@ from tangram.bench.traces import (
     saturating_trace,
     shipped_classes,
 )
-from tangram.cli.allocate import renamed_machine
 from tangram.dra import partitionable, whole_gpu_advertised
-from tangram.events.inventory import NodeHardware
+from tangram.events.inventory import NodeHardware, renamed_machine
 
 CHURN_LOAD = 0.5  # share of the fleet's GPUs the claims alive ask for while a churn trace churns
 TARGETS = {"fill_claims_ratio": 0.97, "churn_claims_ratio": 0.90}

@@ -34,7 +34,7 @@ from tangram.events import (
     NodeInventory,
     subject_token,
 )
-from tangram.natsserver import NatsServer
+from tangram.local.natsserver import NatsServer
 
 TARGET_EVENTS_PER_S = 50_000.0
 CHUNK = 1000

@@ -48,8 +48,8 @@ from tangram.bus import Bus, BusConfig
 from tangram.events import CLAIMS_STREAM, ClaimAllocated, ClaimFailed, Event
 from tangram.k8s.names import SCHEDULING_GATE
 from tangram.kube import KubeApiError, call, call_json
-from tangram.kube.controlplane import ControlPlaneError
 from tangram.kube.watching import list_then_watch
+from tangram.local.controlplane import ControlPlaneError
 from tangram.stats import percentile
 
 NODES = (("hgx-h200-0", "hgx-h200"), ("l40s-8-1", "l40s-8"))

@@ -16,8 +16,7 @@ import msgspec
 
 from tangram import DRIVER_NAME
 from tangram.allocation import DeviceClass
-from tangram.cli.allocate import renamed_machine
-from tangram.events.inventory import GpuInfo, NodeHardware
+from tangram.events.inventory import GpuInfo, NodeHardware, renamed_machine
 
 GPU_CLASS = "gpu.tangram.dev"
 MIG_CLASS = "mig.gpu.tangram.dev"

@@ -50,7 +50,6 @@ from tangram.chaos.invariants import (
     unanswered_commands,
     undead_lettered,
 )
-from tangram.demo.cluster import LocalCluster, SimNode
 from tangram.demo.scenario import DemoClaim, churn
 from tangram.events import (
     CLAIMS_STREAM,
@@ -71,6 +70,7 @@ from tangram.events import (
 )
 from tangram.k8s.deviceclasses import load_shipped_device_classes
 from tangram.kubelet.client import ClaimHandle, KubeletClient
+from tangram.local.processes import LocalCluster, SimNode
 from tangram.nvml import SimNvml, parse_mig_minors, render_mig_minors
 from tangram.partitioning import MigExecutor
 

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 
 from tangram.allocation import POLICIES, Allocated, Claim, DeviceClass, FleetState, NvlinkTally
-from tangram.events.inventory import NodeHardware
+from tangram.events.inventory import NodeHardware, renamed_machine
 from tangram.inputs import Document, InputError, load_yaml_documents, read_text, read_yaml
 from tangram.k8s.limits import DNS_SUBDOMAIN, MAX_SUBDOMAIN
 from tangram.stats import percentile
@@ -81,28 +81,6 @@ def load_fleet(path: Path) -> list[NodeHardware]:
             seen.add(name)
             nodes.append(renamed_machine(machines[machine], name))
     return nodes
-
-
-def renamed_machine(template: NodeHardware, node: str) -> NodeHardware:
-    """The same machine under another name: GPU UUIDs are made unique per node, as on real hardware."""
-    import msgspec  # noqa: PLC0415
-
-    gpus = [
-        msgspec.structs.replace(
-            g,
-            uuid=_uuid(node, g.uuid),
-            nvlink_domain=g.nvlink_domain.replace("template", node, 1) if g.nvlink_domain else None,
-            mig_instances=[msgspec.structs.replace(m, uuid=_uuid(node, m.uuid)) for m in g.mig_instances],
-        )
-        for g in template.gpus
-    ]
-    return msgspec.structs.replace(template, node=node, gpus=gpus)
-
-
-def _uuid(node: str, uuid: str) -> str:
-    prefix = uuid.split("-", 1)[0] if "-" in uuid else "GPU"
-    digest = hashlib.sha1(f"{node}/{uuid}".encode(), usedforsecurity=False).hexdigest()
-    return f"{prefix}-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
 
 def _claim(doc: dict[str, Any], where: str) -> Claim:

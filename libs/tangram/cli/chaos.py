@@ -12,7 +12,7 @@ import sys
 from tangram.chaos import ChaosConfig, chaos
 from tangram.chaos.run import DEFAULT_NODES
 from tangram.cli.demo import parse_nodes
-from tangram.natsserver import NatsServerError
+from tangram.local.natsserver import NatsServerError
 
 
 def _positive_int(text: str) -> int:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from tangram.cli.demo import parse_nodes
-from tangram.cluster.up import serve
+from tangram.local.clusterup import serve
 
 # Machines that start without MIG instances: Kubernetes sees every placement as free, and one made
 # before Tangram (as on the simulated HGX H200's GPU 0) would overlap placements it offers.

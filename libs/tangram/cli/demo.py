@@ -12,11 +12,11 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tangram.demo.cluster import LocalCluster, SimNode
 from tangram.demo.display import render_summary
 from tangram.demo.driver import drive
 from tangram.events import InvalidKey, subject_token
 from tangram.hardware.machines import MachineError, load_machine
+from tangram.local.processes import LocalCluster, SimNode
 
 if TYPE_CHECKING:
     from tangram.demo.live import LiveFleet

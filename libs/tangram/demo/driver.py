@@ -17,7 +17,6 @@ from typing import Any
 from nats.aio.msg import Msg
 
 from tangram.bus import Bus, BusConfig
-from tangram.demo.cluster import LocalCluster
 from tangram.demo.display import describe
 from tangram.demo.scenario import DemoClaim, churn, opening
 from tangram.events import (
@@ -35,6 +34,7 @@ from tangram.events import (
     decode,
 )
 from tangram.kubelet.client import ClaimHandle, KubeletClient
+from tangram.local.processes import LocalCluster
 from tangram.stats import percentile
 
 DECISION_TIMEOUT_S = 30.0

@@ -5,6 +5,7 @@ Units are converted once, at the NVML boundary: memory in MiB, bandwidth in GB/s
 
 from __future__ import annotations
 
+import hashlib
 from typing import Literal
 
 import msgspec
@@ -97,3 +98,23 @@ class NodeHardware(msgspec.Struct, frozen=True, kw_only=True):
     cuda_driver_version: str = ""
     gpus: list[GpuInfo] = []
     links: list[GpuLink] = []
+
+
+def renamed_machine(template: NodeHardware, node: str) -> NodeHardware:
+    """The same machine under another name: GPU UUIDs are made unique per node, as on real hardware."""
+    gpus = [
+        msgspec.structs.replace(
+            g,
+            uuid=_uuid(node, g.uuid),
+            nvlink_domain=g.nvlink_domain.replace("template", node, 1) if g.nvlink_domain else None,
+            mig_instances=[msgspec.structs.replace(m, uuid=_uuid(node, m.uuid)) for m in g.mig_instances],
+        )
+        for g in template.gpus
+    ]
+    return msgspec.structs.replace(template, node=node, gpus=gpus)
+
+
+def _uuid(node: str, uuid: str) -> str:
+    prefix = uuid.split("-", 1)[0] if "-" in uuid else "GPU"
+    digest = hashlib.sha1(f"{node}/{uuid}".encode(), usedforsecurity=False).hexdigest()
+    return f"{prefix}-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"

@@ -21,10 +21,11 @@ import grpc
 from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api, V1DeleteOptions, V1Preconditions
 from kubernetes_asyncio.watch import Watch
 
+from tangram.k8s.times import kube_time
 from tangram.kube import KubeApiError, call
 from tangram.kubelet.client import ClaimHandle, KubeletClient
 
-log = logging.getLogger("tangram.cluster.kubelet")
+log = logging.getLogger("tangram.local.kubelet")
 
 RETRY_S = (0.5, 1.0, 2.0, 5.0)  # between prepare attempts of a Pod whose claims are not ready
 
@@ -121,7 +122,7 @@ class NodeKubelet:
         self._prepared[pod.metadata.uid] = _PodClaims(handles)
         self._attempts.pop(pod.metadata.uid, None)
         if pod.status.phase != "Running":
-            now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            now = kube_time(datetime.now(UTC))
             status = {
                 "status": {
                     "phase": "Running",

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from tangram.cdi.simroot import lay_out_driver_root
 from tangram.hardware.machines import load_machine
+from tangram.local.natsserver import NatsCluster, NatsServer
 from tangram.natsauth.credentials import write_secret
 from tangram.natsauth.permissions import ADMIN_USER, ALLOCATOR_USER, build_users, node_user, render_users
-from tangram.natsserver import NatsCluster, NatsServer
 
 # What the streams Job of the Kubernetes manifests runs, as the NATS admin user: with permissions,
 # the services may check the streams but only the admin may create them.

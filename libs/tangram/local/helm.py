@@ -2,12 +2,12 @@
 
 The chart in `deploy/helm/tangram` is the one source of Tangram's Kubernetes objects:
 `deploy/kubernetes/*.yaml` and `deploy/openshift/node-scc.yaml` are `helm template` output,
-written by `python -m tangram.kube.helm manifests` (`make manifests`) and compared with a fresh
+written by `python -m tangram.local.helm manifests` (`make manifests`) and compared with a fresh
 render by the tests, so they are never edited by hand.
 
-Helm is built once, like the control plane (`tangram.kube.controlplane`), into a cache
+Helm is built once, like the control plane (`tangram.local.controlplane`), into a cache
 directory keyed by its version and link flags: `go install helm.sh/helm/v3/cmd/helm@<version>` with GOBIN
-there. `python -m tangram.kube.helm build` builds it when missing and prints its path.
+there. `python -m tangram.local.helm build` builds it when missing and prints its path.
 """
 
 from __future__ import annotations
@@ -17,15 +17,17 @@ import os
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from tangram.local.gobuild import build_once, cache_root
 
 HELM_VERSION = "v3.19.0"
 HELM_MODULE = "helm.sh/helm/v3/cmd/helm"
 # measured: 2 minutes on a shared, loaded 2-core machine, module download included, with the Go
 # build cache the control plane's build leaves (the Kubernetes libraries helm shares with it)
+_GO_INSTALL_ENV = {"GOFLAGS": "-mod=mod", "CGO_ENABLED": "0"}
 _COLD_BUILD_HINT = "a few minutes the first time (module download and compile)"
 # What helm's own release build sets: its version, and the Kubernetes version `helm lint` and
 # `helm template` assume without --kube-version (that of the client-go it is built with, 1.34).
@@ -69,15 +71,10 @@ def chart_dir() -> Path:
     return repository_root() / "deploy" / "helm" / "tangram"
 
 
-def cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "tangram" / "helm"
-
-
 def binary_path() -> Path:
     """`<cache>/<helm version>-<hash of the link flags>/helm`: changed flags build anew."""
     digest = hashlib.sha256(f"{HELM_MODULE}@{HELM_VERSION} {_LDFLAGS}".encode()).hexdigest()[:12]
-    return cache_root() / f"{HELM_VERSION}-{digest}" / "helm"
+    return cache_root("helm") / f"{HELM_VERSION}-{digest}" / "helm"
 
 
 def find_binary() -> Path:
@@ -93,47 +90,24 @@ def find_binary() -> Path:
 
 def build(*, out: Any = sys.stderr) -> Path:
     """Build helm into its cache directory unless it is there already; returns its path."""
-    path = binary_path()
-    if path.exists():
-        return path
-    print(f"building helm {HELM_VERSION} into {path.parent}", file=out)
-    print(f"this takes {_COLD_BUILD_HINT}; later runs reuse it", file=out, flush=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # a private GOBIN, renamed into place: a concurrent or interrupted build never leaves a
-    # half-written binary where find_binary looks
-    staging = path.parent / f".build-{os.getpid()}"
-    staging.mkdir(exist_ok=True)
-    env = {**os.environ, "GOBIN": str(staging), "GOFLAGS": "-mod=mod", "CGO_ENABLED": "0"}
-    started = time.monotonic()
-    try:
-        result = subprocess.run(
-            ["go", "install", "-trimpath", f"-ldflags={_LDFLAGS}", f"{HELM_MODULE}@{HELM_VERSION}"],
-            cwd=staging,
-            env=env,
-            check=False,
-        )
-    except FileNotFoundError as error:
-        raise HelmError(f"cannot run the Go toolchain (Go 1.24+ is needed): {error}") from error
-    built = staging / "helm"
-    if result.returncode != 0 or not built.exists():
-        built.unlink(missing_ok=True)
-        staging.rmdir()
-        raise HelmError(
-            f"go install {HELM_MODULE}@{HELM_VERSION} failed with exit status {result.returncode}"
-        )
-    built.replace(path)
-    staging.rmdir()
-    print(f"built in {time.monotonic() - started:.0f}s: {path}", file=out, flush=True)
-    return path
+    return build_once(
+        binary_path(),
+        lambda _: ["install", "-trimpath", f"-ldflags={_LDFLAGS}", f"{HELM_MODULE}@{HELM_VERSION}"],
+        what=f"helm {HELM_VERSION}",
+        hint=_COLD_BUILD_HINT,
+        error=HelmError,
+        env=_GO_INSTALL_ENV,
+        out=out,
+    )
 
 
 def run(args: Sequence[str], *, binary: Path | None = None) -> str:
     """One helm command; its standard output, or HelmError with both outputs."""
     command = [str(binary or find_binary()), *args]
     # no repositories, plugins or caches of the user's: the chart has no dependencies
-    env = {**os.environ, "HELM_CACHE_HOME": str(cache_root() / "home" / "cache")}
-    env["HELM_CONFIG_HOME"] = str(cache_root() / "home" / "config")
-    env["HELM_DATA_HOME"] = str(cache_root() / "home" / "data")
+    env = {**os.environ, "HELM_CACHE_HOME": str(cache_root("helm") / "home" / "cache")}
+    env["HELM_CONFIG_HOME"] = str(cache_root("helm") / "home" / "config")
+    env["HELM_DATA_HOME"] = str(cache_root("helm") / "home" / "data")
     result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     if result.returncode != 0:
         raise HelmError(f"{' '.join(command)} failed ({result.returncode}):\n{result.stdout}{result.stderr}")
@@ -262,7 +236,7 @@ def write_manifests(root: Path | None = None) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args not in (["build"], ["manifests"]):
-        print("usage: python -m tangram.kube.helm build|manifests", file=sys.stderr)
+        print("usage: python -m tangram.local.helm build|manifests", file=sys.stderr)
         return 2
     try:
         if args == ["build"]:

@@ -1,4 +1,4 @@
-module tangram.dev/tests/controlplane
+module tangram.dev/tools/controlplane
 
 go 1.24.0
 

@@ -2,7 +2,7 @@
 and a kubelet stand-in per node, until stopped.
 
 The control plane is the one the tests run (etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler from the pinned release, `tangram.kube.controlplane`). Each simulated node is a
+kube-scheduler from the pinned release, `tangram.local.controlplane`). Each simulated node is a
 Node object, its discovery publishing ResourceSlices, its partitioner, and its cdi service reading
 claims from the API server; the allocator runs as in `tangram demo` and learns what kube-scheduler
 allocated from the nodes. The stand-ins prepare the claims of pods bound to their node through the
@@ -22,11 +22,11 @@ from typing import Any
 
 from kubernetes_asyncio.client import ResourceV1Api
 
-from tangram.cluster.kubelet import NodeKubelet
-from tangram.demo.cluster import LocalCluster, SimNode
 from tangram.k8s.deviceclasses import load_shipped_device_classes
 from tangram.kube import KubeApiError, call
-from tangram.kube.controlplane import ControlPlane, register_node
+from tangram.local.controlplane import ControlPlane, register_node
+from tangram.local.kubelet import NodeKubelet
+from tangram.local.processes import LocalCluster, SimNode
 from tangram.service import first, settle
 
 READY = "tangram cluster: ready "

@@ -1,6 +1,6 @@
 """A real Kubernetes control plane on loopback, for the tests and for local development.
 
-The Go program in `tests/controlplane/` runs embedded etcd, kube-apiserver,
+The Go program in `tools/controlplane/` runs embedded etcd, kube-apiserver,
 kube-controller-manager and kube-scheduler from one pinned `k8s.io/kubernetes` release in one
 process. It is built once into a cache directory keyed by the Kubernetes version and a hash of
 its source, so a changed pin or program builds anew and an unchanged one is reused.
@@ -9,7 +9,7 @@ its source, so a changed pin or program builds anew and an unchanged one is reus
 from the program's own output (it prints one line once every component answers its health
 check), and stops it by pid. Nodes are plain Node objects marked Ready: no kubelet runs.
 
-`python -m tangram.kube.controlplane build` builds the binary when missing and prints its path.
+`python -m tangram.local.controlplane build` builds the binary when missing and prints its path.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from typing import Any
 from kubernetes_asyncio.client import CoreV1Api
 
 from tangram.kube.client import call, connect
+from tangram.local.gobuild import build_once, cache_root
 
 KUBERNETES_VERSION = "v1.34.4"
 # The feature gates each slice layout needs on a 1.34 API server: counter sets and devices that
@@ -65,12 +66,7 @@ def source_dir() -> Path:
     explicit = os.environ.get("TANGRAM_CONTROLPLANE_SRC")
     if explicit:
         return Path(explicit)
-    return Path(__file__).resolve().parents[3] / "tests" / "controlplane"
-
-
-def cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "tangram" / "controlplane"
+    return Path(__file__).resolve().parents[3] / "tools" / "controlplane"
 
 
 def binary_path(source: Path | None = None) -> Path:
@@ -82,7 +78,7 @@ def binary_path(source: Path | None = None) -> Path:
             digest.update(name.encode() + b"\0" + (source / name).read_bytes() + b"\0")
         except OSError as error:
             raise ControlPlaneError(f"control plane source incomplete in {source}: {error}") from error
-    return cache_root() / f"{KUBERNETES_VERSION}-{digest.hexdigest()[:12]}" / "controlplane"
+    return cache_root("controlplane") / f"{KUBERNETES_VERSION}-{digest.hexdigest()[:12]}" / "controlplane"
 
 
 def find_binary() -> Path:
@@ -99,29 +95,22 @@ def find_binary() -> Path:
 def build(*, out: Any = sys.stderr) -> Path:
     """Build the binary into its cache directory unless it is there already; returns its path."""
     source = source_dir()
-    path = binary_path(source)
-    if path.exists():
-        return path
-    print(f"building the Kubernetes {KUBERNETES_VERSION} control plane into {path.parent}", file=out)
-    print(f"this takes {_COLD_BUILD_HINT}; later runs reuse it", file=out, flush=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".controlplane-{os.getpid()}")
-    started = time.monotonic()
-    try:
-        result = subprocess.run(
-            ["go", "build", "-trimpath", f"-ldflags=-s -w {_version_ldflags()}", "-o", str(partial), "."],
-            cwd=source,
-            check=False,
-        )
-    except FileNotFoundError as error:
-        raise ControlPlaneError(f"cannot run the Go toolchain (Go 1.24+ is needed): {error}") from error
-    if result.returncode != 0:
-        partial.unlink(missing_ok=True)
-        raise ControlPlaneError(f"go build of {source} failed with exit status {result.returncode}")
-    # rename: a concurrent build or an interrupted one never leaves a half-written binary in place
-    partial.replace(path)
-    print(f"built in {time.monotonic() - started:.0f}s: {path}", file=out, flush=True)
-    return path
+    return build_once(
+        binary_path(source),
+        lambda staging: [
+            "build",
+            "-trimpath",
+            f"-ldflags=-s -w {_version_ldflags()}",
+            "-o",
+            str(staging / "controlplane"),
+            ".",
+        ],
+        what=f"the Kubernetes {KUBERNETES_VERSION} control plane",
+        hint=_COLD_BUILD_HINT,
+        error=ControlPlaneError,
+        cwd=source,
+        out=out,
+    )
 
 
 def _version_ldflags() -> str:
@@ -378,7 +367,7 @@ async def register_node(
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args != ["build"]:
-        print("usage: python -m tangram.kube.controlplane build", file=sys.stderr)
+        print("usage: python -m tangram.local.controlplane build", file=sys.stderr)
         return 2
     try:
         print(build())
