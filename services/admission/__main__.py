@@ -32,7 +32,7 @@ from services.admission.gatekeeper import GateKeeper
 from services.admission.keeper import CertificateKeeper
 from services.admission.lookup import ClaimLookup
 from services.admission.server import MAX_BODY_BYTES, AdmissionServer, server_tls
-from tangram.kube import KubeApiError, KubeConfigError, connect
+from tangram.kubernetes.api import KubeApiError, KubeConfigError, connect
 from tangram.service.health import HealthServer
 from tangram.service.logs import configure_logging
 

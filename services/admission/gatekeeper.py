@@ -16,7 +16,7 @@ to do.
 
 Only with the allocator down: a pod Tangram cannot place yet stays pending while the allocator is
 alive (it retries the claim when capacity frees). Each tick the keeper reads the allocator's Lease
-(`tangram-allocator`, which the leading allocator renews every second; `tangram.k8s.alive`): it
+(`tangram-allocator`, which the leading allocator renews every second; `tangram.kubernetes.objects.alive`): it
 lifts gates only when that Lease is missing or was last renewed longer ago than the gate timeout,
 and then only from pods that have held the gate longer than the timeout (from their creation). A
 Lease it cannot read (other than missing) lifts nothing that tick.
@@ -36,13 +36,13 @@ from typing import Any
 from kubernetes_asyncio.client import CoordinationV1Api, CoreV1Api
 from prometheus_client import Counter
 
-from tangram.k8s.alive import ALLOCATOR_LEASE, allocator_alive
-from tangram.k8s.claimbridge import warning_event
-from tangram.k8s.gates import holds_gate, remove_gate_patch
-from tangram.k8s.times import kube_time, parse_time
-from tangram.kube import KubeApiError, call_json
-from tangram.kube.events import record_event
-from tangram.kube.watching import list_then_watch
+from tangram.kubernetes.api import KubeApiError, call_json
+from tangram.kubernetes.api.events import record_event
+from tangram.kubernetes.api.watching import list_then_watch
+from tangram.kubernetes.objects.alive import ALLOCATOR_LEASE, allocator_alive
+from tangram.kubernetes.objects.claimbridge import warning_event
+from tangram.kubernetes.objects.gates import holds_gate, remove_gate_patch
+from tangram.kubernetes.objects.times import kube_time, parse_time
 
 log = logging.getLogger("tangram.admission.gatekeeper")
 

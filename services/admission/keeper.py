@@ -21,7 +21,7 @@ from typing import Any
 from kubernetes_asyncio.client import AdmissionregistrationV1Api, CoreV1Api
 
 from services.admission.certs import CA_DAYS, SERVING_DAYS, TlsMaterial, renew
-from tangram.kube import KubeApiError, call, call_json
+from tangram.kubernetes.api import KubeApiError, call, call_json
 
 log = logging.getLogger("tangram.admission.keeper")
 

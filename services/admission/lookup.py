@@ -1,5 +1,5 @@
 """Whether a pod uses Tangram's claims: its ResourceClaims and ResourceClaimTemplates, and the
-DeviceClasses they name, read from the API server and judged by `tangram.k8s.classes`.
+DeviceClasses they name, read from the API server and judged by `tangram.kubernetes.objects.classes`.
 
 A pod is gated when at least one of its claims is Tangram's (every request names a Tangram
 DeviceClass) and still unallocated: that claim is what Tangram's allocator decides, and the
@@ -20,8 +20,8 @@ from typing import Any
 from kubernetes_asyncio.client import ResourceV1Api
 
 from services.admission.review import Source
-from tangram.k8s.classes import is_tangram_class, requested_class_names
-from tangram.kube import KubeApiError, call_json
+from tangram.kubernetes.api import KubeApiError, call_json
+from tangram.kubernetes.objects.classes import is_tangram_class, requested_class_names
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from tangram.k8s.gates import add_gate_patch
-from tangram.k8s.names import SCHEDULING_GATE
+from tangram.kubernetes.objects.gates import add_gate_patch
+from tangram.kubernetes.objects.names import SCHEDULING_GATE
 
 API_VERSION = "admission.k8s.io/v1"
 MAX_UID = 128
@@ -98,7 +98,8 @@ def claim_references(pod: dict[str, Any]) -> list[tuple[Source, str]]:
 
 
 def gate_patch(pod: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """The JSONPatch that adds SCHEDULING_GATE to the pod (`tangram.k8s.gates.add_gate_patch`)."""
+    """The JSONPatch that adds SCHEDULING_GATE to the pod (see
+    `tangram.kubernetes.objects.gates.add_gate_patch`)."""
     return add_gate_patch(pod, SCHEDULING_GATE)
 
 

@@ -23,7 +23,7 @@ from services.admission.certs import TlsMaterial, not_after
 from services.admission.connections import CLOSED_BY_BOUND, BoundedSite, ConnectionBounds
 from services.admission.lookup import ClaimLookup
 from services.admission.review import BadReview, answer, claim_references, gate_patch, parse
-from tangram.kube import KubeApiError
+from tangram.kubernetes.api import KubeApiError
 
 log = logging.getLogger("tangram.admission")
 

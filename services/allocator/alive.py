@@ -2,7 +2,7 @@
 
 While the allocator leads in Kubernetes mode it renews the Lease `tangram-allocator` in its
 namespace every second: created when missing, else replaced guarded by its resourceVersion (a
-conflict reads it again). The admission webhook's gate keeper reads it (`tangram.k8s.alive`): a
+conflict reads it again). The admission webhook's gate keeper reads it (`tangram.kubernetes.objects.alive`): a
 pod Tangram cannot place yet keeps its gate while the Lease is fresh. Errors are logged and
 retried, never fatal; renewals stop when the allocator stops leading (the service stops).
 """
@@ -18,8 +18,8 @@ from typing import Any
 
 from kubernetes_asyncio.client import CoordinationV1Api
 
-from tangram.k8s.alive import ALLOCATOR_LEASE, RENEW_S, lease_spec
-from tangram.kube import KubeApiError, call_json
+from tangram.kubernetes.api import KubeApiError, call_json
+from tangram.kubernetes.objects.alive import ALLOCATOR_LEASE, RENEW_S, lease_spec
 
 log = logging.getLogger("tangram.allocator.alive")
 

@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 
 from tangram.events import ClaimRequested, Event
-from tangram.k8s.fairqueue import FairQueue
+from tangram.kubernetes.objects.fairqueue import FairQueue
 
 # Claims asked and not yet answered. Enough to keep the allocator and the writes busy (a decision
 # takes about a millisecond, its write some more); few enough that a claim arriving behind a

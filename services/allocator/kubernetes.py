@@ -17,7 +17,7 @@ Claims are asked fairly: each namespace waits in its own line, the lines take tu
 time, so a namespace that floods the cluster with claims delays another namespace's claim by a
 bounded number of decisions, not by the length of its flood.
 
-The pure rules (whose claim is it, what is written) are in `tangram.k8s.claimbridge`.
+The pure rules (whose claim is it, what is written) are in `tangram.kubernetes.objects.claimbridge`.
 """
 
 from __future__ import annotations
@@ -41,7 +41,10 @@ from tangram.events import (
     PartitionApplied,
 )
 from tangram.events.ids import derived_id
-from tangram.k8s.claimbridge import (
+from tangram.kubernetes.api import KubeApiError, call_json
+from tangram.kubernetes.api.events import record_event
+from tangram.kubernetes.api.watching import list_then_watch
+from tangram.kubernetes.objects.claimbridge import (
     UNSCHEDULABLE_REASON,
     ClaimRef,
     allocation_of,
@@ -61,10 +64,7 @@ from tangram.k8s.claimbridge import (
     ungate_patch,
     warning_event,
 )
-from tangram.k8s.times import kube_time
-from tangram.kube import KubeApiError, call_json
-from tangram.kube.events import record_event
-from tangram.kube.watching import list_then_watch
+from tangram.kubernetes.objects.times import kube_time
 from tangram.service import first
 
 log = logging.getLogger("tangram.allocator.kubernetes")

@@ -37,7 +37,7 @@ from tangram.events import (
     PartitionApplied,
     PartitionFailed,
 )
-from tangram.k8s.deviceclasses import load_shipped_device_classes
+from tangram.kubernetes.objects.deviceclasses import load_shipped_device_classes
 from tangram.service import ServiceContext, first, settle
 
 if TYPE_CHECKING:
@@ -202,8 +202,8 @@ async def _serve(
         # allocator without it starts (and stops) as fast as before.
         from services.allocator.alive import AliveLease  # noqa: PLC0415 - only with --kubernetes
         from services.allocator.kubernetes import ClaimBridge  # noqa: PLC0415 - only with --kubernetes
-        from tangram.k8s.alive import own_namespace  # noqa: PLC0415 - only with --kubernetes
-        from tangram.kube import connect  # noqa: PLC0415 - only with --kubernetes
+        from tangram.kubernetes.api import connect  # noqa: PLC0415 - only with --kubernetes
+        from tangram.kubernetes.objects.alive import own_namespace  # noqa: PLC0415 - only with --kubernetes
 
         api = await connect(kubeconfig=settings.kubeconfig)
         tasks.append(asyncio.create_task(_closing(api, ctx.stop)))

@@ -19,7 +19,7 @@ import nats
 from services.authcallout.identity import TokenReviewer
 from services.authcallout.responder import CalloutResponder
 from tangram.bus import redact_url
-from tangram.kube import KubeConfigError, connect
+from tangram.kubernetes.api import KubeConfigError, connect
 from tangram.natsauth.jwt import NatsJwtError, public_key_of
 from tangram.natsauth.permissions import CALLOUT_USER, inbox
 from tangram.service.health import HealthServer

@@ -16,8 +16,8 @@ from typing import Any
 from kubernetes_asyncio.client import AuthenticationV1Api, CoreV1Api
 
 from tangram.bus.client import token_expiry
-from tangram.kube import call
-from tangram.kube.client import KubeApiError
+from tangram.kubernetes.api import call
+from tangram.kubernetes.api.client import KubeApiError
 
 NODE_NAME = "authentication.kubernetes.io/node-name"
 POD_NAME = "authentication.kubernetes.io/pod-name"

@@ -20,7 +20,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from services.authcallout.identity import NodeIdentity, Refused
-from tangram.kube import KubeApiError
+from tangram.kubernetes.api import KubeApiError
 from tangram.natsauth.jwt import (
     AuthRequest,
     NatsJwtError,

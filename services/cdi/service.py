@@ -20,7 +20,6 @@ from tangram.events import (
     PartitionRequested,
     subject_token,
 )
-from tangram.kube import connect
 from tangram.kubelet import (
     AllocationSource,
     HealthBoard,
@@ -29,6 +28,7 @@ from tangram.kubelet import (
     build_plugin,
 )
 from tangram.kubelet.kubesource import ApiClaimReader, KubeAllocationSource
+from tangram.kubernetes.api import connect
 from tangram.service import ServiceContext, first, follow_all, settle
 
 log = logging.getLogger("tangram.cdi")

@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from tangram import DRIVER_NAME
-from tangram.k8s import K8S_VERSIONS, K8sVersion
+from tangram.kubernetes.objects import K8S_VERSIONS, K8sVersion
 from tangram.service import NodeSettings, add_service_arguments, env_flag, service_fields
 
 

@@ -1,6 +1,6 @@
 """Follows every inventory publication with a ResourceSlice sync of the same hardware.
 
-The layout comes from the API server (see `tangram.kube.layout`) unless `--k8s-version` overrides
+The layout comes from the API server (see `tangram.kubernetes.api.layout`) unless `--k8s-version` overrides
 it; where partitionable devices are off, only whole GPUs and existing MIG instances are published.
 A watch on the node's own slices repairs any change someone else makes to them.
 """
@@ -19,9 +19,9 @@ from prometheus_client import Counter
 from services.discovery.settings import DiscoverySettings
 from tangram.dra import node_devices, untainted_only, whole_devices_only
 from tangram.events import NodeHardware
-from tangram.k8s import SliceRenderError, check_limits, render_slices
-from tangram.kube import KubeApiError, SlicePublisher, SyncReport, connect
-from tangram.kube.layout import LayoutError, SliceLayout, announce, detect_layout, overridden
+from tangram.kubernetes.api import KubeApiError, SlicePublisher, SyncReport, connect
+from tangram.kubernetes.api.layout import LayoutError, SliceLayout, announce, detect_layout, overridden
+from tangram.kubernetes.objects import SliceRenderError, check_limits, render_slices
 
 log = logging.getLogger("tangram.discovery.slices")
 

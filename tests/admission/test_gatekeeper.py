@@ -13,9 +13,9 @@ from kubernetes_asyncio.client import CoreV1Api
 
 from services.admission.gatekeeper import REASON, Expired, GateKeeper, expired_gates, guarded_removal
 from services.allocator.alive import AliveLease
-from tangram.k8s.alive import ALLOCATOR_LEASE, allocator_alive, lease_spec
-from tangram.k8s.names import SCHEDULING_GATE
-from tangram.kube import KubeApiError, call
+from tangram.kubernetes.api import KubeApiError, call
+from tangram.kubernetes.objects.alive import ALLOCATOR_LEASE, allocator_alive, lease_spec
+from tangram.kubernetes.objects.names import SCHEDULING_GATE
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 

@@ -16,7 +16,7 @@ from kubernetes_asyncio.client import AdmissionregistrationV1Api, CoreV1Api, Res
 
 from services.admission.keeper import CertificateKeeper, material_of
 from services.admission.lookup import ClaimLookup
-from tangram.kube import KubeApiError, call
+from tangram.kubernetes.api import KubeApiError, call
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.controlplane]
 

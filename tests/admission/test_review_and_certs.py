@@ -13,7 +13,7 @@ from cryptography import x509
 from services.admission.certs import TlsMaterial, issue, not_after, renew
 from services.admission.keeper import material_of, secret_data
 from services.admission.review import BadReview, answer, claim_references, gate_patch, parse
-from tangram.k8s.names import SCHEDULING_GATE
+from tangram.kubernetes.objects.names import SCHEDULING_GATE
 from tests.admission.reviews import review
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)

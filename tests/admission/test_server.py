@@ -17,8 +17,8 @@ import pytest
 
 from services.admission.certs import TlsMaterial, issue
 from services.admission.server import AdmissionServer, server_tls
-from tangram.k8s.names import SCHEDULING_GATE
-from tangram.kube import KubeApiError
+from tangram.kubernetes.api import KubeApiError
+from tangram.kubernetes.objects.names import SCHEDULING_GATE
 from tests.admission.reviews import StubLookup, review
 
 MAX_BODY = 64 * 1024

@@ -9,7 +9,7 @@ import pytest
 from services.admission import __main__ as admission
 from services.admission.connections import ConnectionBounds
 from services.allocator.settings import parse_settings
-from tangram.k8s import alive
+from tangram.kubernetes.objects import alive
 
 
 def test_defaults_name_the_service_in_its_namespace(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,7 +21,7 @@ from tangram.events import (
     NodeInventory,
     subject_token,
 )
-from tangram.k8s.deviceclasses import load_shipped_device_classes
+from tangram.kubernetes.objects.deviceclasses import load_shipped_device_classes
 from tangram.nvml import SimNvml
 from tangram.nvml.inventory import read_node_hardware
 from tangram.service import ServiceContext

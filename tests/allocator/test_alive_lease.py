@@ -11,8 +11,8 @@ import pytest
 from kubernetes_asyncio.client import CoordinationV1Api, CoreV1Api
 
 from services.allocator.alive import AliveLease
-from tangram.k8s.alive import ALLOCATOR_LEASE
-from tangram.kube import KubeApiError, call
+from tangram.kubernetes.api import KubeApiError, call
+from tangram.kubernetes.objects.alive import ALLOCATOR_LEASE
 from tests.e2e.kubecluster import until
 
 

@@ -11,8 +11,8 @@ from services.allocator.kubernetes import ClaimBridge
 from tangram.allocation import FleetState
 from tangram.allocation.ledger import Ledger
 from tangram.events import Event
-from tangram.k8s.claimbridge import ClaimRef, uses_claim
-from tangram.k8s.names import SCHEDULING_GATE
+from tangram.kubernetes.objects.claimbridge import ClaimRef, uses_claim
+from tangram.kubernetes.objects.names import SCHEDULING_GATE
 
 
 async def _publish(event: Event) -> None:

@@ -14,7 +14,7 @@ from tangram.bench import kubernetes as kb
 from tangram.bench.kubesim import clean_machine
 from tangram.bench.traces import Arrival, ClaimShape, Departure, alive_at_end, machine_hardware
 from tangram.dra import node_devices
-from tangram.k8s.names import SCHEDULING_GATE
+from tangram.kubernetes.objects.names import SCHEDULING_GATE
 
 ONE = ClaimShape("gpu", 1)
 PAIR = ClaimShape("gpu", 2, nvlink=True)

@@ -15,7 +15,7 @@ from tangram.bench import tenants as tb
 from tangram.bench.traces import machine_hardware, shipped_classes
 from tangram.dra import node_devices
 from tangram.events.inventory import renamed_machine
-from tangram.k8s.names import SCHEDULING_GATE
+from tangram.kubernetes.objects.names import SCHEDULING_GATE
 from tangram.local.controlplane import ControlPlane
 
 

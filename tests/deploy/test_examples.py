@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from tangram.allocation import Allocated, Claim, DeviceClass, FleetState
-from tangram.k8s.deviceclasses import load_shipped_device_classes
+from tangram.kubernetes.objects.deviceclasses import load_shipped_device_classes
 from tests.allocator.helpers import hardware
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "examples"

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from kubernetes_asyncio.client import CoreV1Api, V1Namespace, V1ObjectMeta
 
-from tangram.kube import call
+from tangram.kubernetes.api import call
 from tangram.local import helm as chart
 from tests.deploy.apiserver import Refused, api_request, api_resources
 from tests.deploy.settingsenv import settings_env_vars
@@ -675,7 +675,7 @@ NOT_SERVICE_CODE: set[str] = set()
 NOT_SERVICE_FOLDERS = {ROOT / "libs" / "tangram" / tooling for tooling in ("local", "bench", "demo", "chaos")}
 # Shared helpers that make a call on their caller's behalf: the call is charged to the role of each
 # module that uses the helper, never to the role of the module that defines it.
-CALLING_HELPERS = {"record_event": ROOT / "libs" / "tangram" / "kube" / "events.py"}
+CALLING_HELPERS = {"record_event": ROOT / "libs" / "tangram" / "kubernetes" / "api" / "events.py"}
 # list_then_watch streams the list call its caller passes: that caller watches.
 WATCHING = re.compile(r"\bWatch\(|\blist_then_watch\(")
 _API_CALL = re.compile(r"\.((?:create|read|replace|patch|delete|list|watch)_(?:namespaced_)?[a-z_]+?)\(")

@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
 
-from tangram.kube import KubeApiError, call
+from tangram.kubernetes.api import KubeApiError, call
 from tangram.local.clusterup import install_device_classes
 from tangram.local.controlplane import ControlPlane, register_node
 from tangram.local.kubelet import NodeKubelet

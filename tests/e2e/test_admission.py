@@ -26,8 +26,8 @@ from kubernetes_asyncio.client import AdmissionregistrationV1Api, CoreV1Api, Res
 
 from services.admission.certs import renew
 from services.admission.keeper import material_of, secret_data
-from tangram.k8s.names import SCHEDULING_GATE
-from tangram.kube import KubeApiError, call
+from tangram.kubernetes.api import KubeApiError, call
+from tangram.kubernetes.objects.names import SCHEDULING_GATE
 from tangram.local.clusterup import install_device_classes
 from tangram.local.controlplane import ControlPlane
 from tests.deploy.apiserver import api_request

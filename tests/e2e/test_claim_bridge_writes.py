@@ -15,10 +15,10 @@ from services.allocator.kubernetes import ClaimBridge
 from tangram.allocation import DeviceClass, FleetState
 from tangram.allocation.ledger import Ledger
 from tangram.events import ClaimAllocated, ClaimFailed, ClaimRequested, Event
-from tangram.k8s.claimbridge import claim_requested
-from tangram.k8s.deviceclasses import load_shipped_device_classes
-from tangram.k8s.names import SCHEDULING_GATE
-from tangram.kube import KubeApiError, call, call_json
+from tangram.kubernetes.api import KubeApiError, call, call_json
+from tangram.kubernetes.objects.claimbridge import claim_requested
+from tangram.kubernetes.objects.deviceclasses import load_shipped_device_classes
+from tangram.kubernetes.objects.names import SCHEDULING_GATE
 from tests.allocator.helpers import inventory
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.controlplane]

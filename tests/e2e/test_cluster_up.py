@@ -15,7 +15,7 @@ import pytest
 import yaml
 from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
 
-from tangram.kube import connect
+from tangram.kubernetes.api import connect
 from tangram.local.clusterup import READY
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.controlplane]

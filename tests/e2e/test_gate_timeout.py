@@ -27,9 +27,9 @@ import pytest
 from kubernetes_asyncio.client import CoordinationV1Api, CoreV1Api
 
 from services.admission.gatekeeper import REASON
-from tangram.k8s.alive import ALLOCATOR_LEASE
-from tangram.k8s.names import SCHEDULING_GATE
-from tangram.kube import KubeApiError, call
+from tangram.kubernetes.api import KubeApiError, call
+from tangram.kubernetes.objects.alive import ALLOCATOR_LEASE
+from tangram.kubernetes.objects.names import SCHEDULING_GATE
 from tangram.local.controlplane import ControlPlane
 from tests.e2e.kubecluster import (
     DRIVER,

@@ -15,8 +15,8 @@ from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
 from tangram.allocation import Allocated, Claim, FleetState
 from tangram.bench import kubernetes as kb
 from tangram.bench.traces import Arrival, shipped_classes
-from tangram.k8s.names import SCHEDULING_GATE
-from tangram.kube import KubeApiError, call
+from tangram.kubernetes.api import KubeApiError, call
+from tangram.kubernetes.objects.names import SCHEDULING_GATE
 from tangram.local.controlplane import ControlPlane
 from tests.e2e.kubecluster import until
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tangram.k8s.names import SCHEDULING_GATE
+from tangram.kubernetes.objects.names import SCHEDULING_GATE
 from tangram.local.controlplane import ControlPlane
 from tests.e2e.kubecluster import (
     DRIVER,

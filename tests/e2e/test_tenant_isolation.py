@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import CoreV1Api
 
-from tangram.k8s.names import SCHEDULING_GATE
-from tangram.kube import KubeApiError, call
+from tangram.kubernetes.api import KubeApiError, call
+from tangram.kubernetes.objects.names import SCHEDULING_GATE
 from tangram.local.controlplane import ControlPlane
 from tests.e2e.kubecluster import (
     DRIVER,

@@ -17,7 +17,7 @@ import aiohttp
 import yaml
 from kubernetes_asyncio.client import CoreV1Api
 
-from tangram.kube import KubeApiError, call
+from tangram.kubernetes.api import KubeApiError, call
 from tangram.local import helm as chart
 from tangram.local.controlplane import ControlPlane, free_ports
 from tests.deploy.apiserver import api_request, api_resources

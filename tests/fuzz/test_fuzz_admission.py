@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.admission.review import BadReview, PodReview, claim_references, gate_patch, parse
-from tangram.k8s.classes import is_tangram_claim, is_tangram_class, requires_driver
+from tangram.kubernetes.objects.classes import is_tangram_claim, is_tangram_class, requires_driver
 
 from .strategies import FUZZ, TIMEOUT_S, depths, hostile_values, json_values, text, with_deep
 

@@ -19,7 +19,7 @@ from tangram.allocation.spec import parse_claim_spec
 from tangram.cel import CelCompileError, CelRuntimeError, compile_selector
 from tangram.dra.config import parse_topology_config
 from tangram.dra.model import Device
-from tangram.k8s.deviceclasses import load_shipped_device_classes
+from tangram.kubernetes.objects.deviceclasses import load_shipped_device_classes
 from tests.allocator.helpers import hardware
 from tests.cel.devices import h100, mig_3g
 

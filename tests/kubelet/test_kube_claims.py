@@ -28,8 +28,8 @@ from tangram.local.natsserver import NatsServer
 from tangram.partitioning import MigExecutor
 from tangram.partitioning.model import ObservedInstance
 from tangram.service import ServiceContext
-from tests.kube.apiserver import LocalApiServer
 from tests.kubelet.fakes import TestKubelet
+from tests.kubernetes.api.apiserver import LocalApiServer
 from tests.partitioner.helpers import MINORS, sim
 
 NODE = "node-k"

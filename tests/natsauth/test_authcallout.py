@@ -31,7 +31,7 @@ from services.authcallout import Refused, TokenReviewer
 from services.authcallout.identity import NODE_NAME, POD_NAME
 from tangram.bus import Bus, BusConfig, partitioner_consumer
 from tangram.events import INVENTORY_STREAM, NODES_STREAM
-from tangram.kube import call
+from tangram.kubernetes.api import call
 from tangram.local.controlplane import ControlPlane, register_node
 from tangram.local.natsserver import NatsServer, free_port
 from tangram.natsauth.jwt import generate_seed, public_key_of

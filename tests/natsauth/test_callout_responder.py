@@ -10,7 +10,7 @@ import pytest
 
 from services.authcallout import CalloutResponder, NodeIdentity, Refused
 from services.authcallout.__main__ import nats_tls, parse_args
-from tangram.kube import KubeApiError
+from tangram.kubernetes.api import KubeApiError
 from tangram.natsauth.jwt import decode, decode_auth_request, generate_seed, permissions_of, public_key_of
 from tangram.natsauth.permissions import node_permissions
 from tests.natsauth.requests import USER_KEY, request_jwt

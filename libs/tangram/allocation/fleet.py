@@ -41,7 +41,7 @@ from tangram.allocation.templates import DeviceTemplates
 from tangram.dra.model import Device
 from tangram.events.catalogue import AllocatedDevice, FailureCause
 from tangram.events.inventory import MigPlacement, NodeHardware
-from tangram.k8s.names import InvalidName, validate_claim_uid
+from tangram.kubernetes.objects.names import InvalidName, validate_claim_uid
 
 EXPLAINED_CANDIDATES = 5  # groups of nodes listed, best first, in an explanation
 TANGRAM_NODES_COMPARED = 16  # feasible nodes Tangram compares when none has the ideal GPU set

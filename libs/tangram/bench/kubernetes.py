@@ -57,8 +57,8 @@ from tangram.bench.traces import (
     saturating_trace,
 )
 from tangram.events.inventory import NodeHardware, renamed_machine
-from tangram.k8s.names import SCHEDULING_GATE
-from tangram.kube import KubeApiError, call, call_json
+from tangram.kubernetes.api import KubeApiError, call, call_json
+from tangram.kubernetes.objects.names import SCHEDULING_GATE
 from tangram.local.controlplane import ControlPlaneError
 from tangram.local.kubelet import NodeKubelet
 

@@ -24,7 +24,7 @@ from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
 
 from tangram import DRIVER_NAME
 from tangram.hardware import machines
-from tangram.kube import KubeApiError, call
+from tangram.kubernetes.api import KubeApiError, call
 from tangram.local.clusterup import install_device_classes
 from tangram.local.controlplane import ControlPlane, register_node
 from tangram.local.processes import LocalCluster, SimNode

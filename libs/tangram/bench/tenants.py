@@ -46,9 +46,9 @@ from tangram.bench.kubesim import BenchError, control_plane, simulated_nodes
 from tangram.bench.traces import GPU_CLASS, ClaimShape, claim_spec
 from tangram.bus import Bus, BusConfig
 from tangram.events import CLAIMS_STREAM, ClaimAllocated, ClaimFailed, Event
-from tangram.k8s.names import SCHEDULING_GATE
-from tangram.kube import KubeApiError, call, call_json
-from tangram.kube.watching import list_then_watch
+from tangram.kubernetes.api import KubeApiError, call, call_json
+from tangram.kubernetes.api.watching import list_then_watch
+from tangram.kubernetes.objects.names import SCHEDULING_GATE
 from tangram.local.controlplane import ControlPlaneError
 from tangram.stats import percentile
 
@@ -515,7 +515,7 @@ def table(result: Mapping[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.getLogger("tangram.kube").setLevel(logging.ERROR)
+    logging.getLogger("tangram.kubernetes.api").setLevel(logging.ERROR)
     try:
         result = asyncio.run(bench(args))
     except (BenchError, ControlPlaneError, KubeApiError, OSError) as error:

@@ -200,7 +200,7 @@ def claim_spec(shape: ClaimShape, driver: str = DRIVER_NAME) -> dict[str, Any]:
 
 
 def shipped_classes() -> dict[str, DeviceClass]:
-    from tangram.k8s.deviceclasses import load_shipped_device_classes  # noqa: PLC0415
+    from tangram.kubernetes.objects.deviceclasses import load_shipped_device_classes  # noqa: PLC0415
 
     classes = [DeviceClass.from_manifest(m) for m in load_shipped_device_classes()]
     return {c.name: c for c in classes}

@@ -1,13 +1,13 @@
 """Names that end up in file names and CDI device ids: checked before they touch the file system.
 
-Claim uids and device names follow the rule the allocator applies too (`tangram.k8s.names`).
+Claim uids and device names follow the rule the allocator applies too (`tangram.kubernetes.objects.names`).
 """
 
 from __future__ import annotations
 
 import re
 
-from tangram.k8s.names import InvalidName, validate_claim_uid, validate_device_name
+from tangram.kubernetes.objects.names import InvalidName, validate_claim_uid, validate_device_name
 
 # CDI: vendor and class start with a letter; names start with a letter or a digit; all end alphanumeric.
 _CDI_VENDOR = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")

@@ -68,8 +68,8 @@ from tangram.events import (
     encode,
     subject_token,
 )
-from tangram.k8s.deviceclasses import load_shipped_device_classes
 from tangram.kubelet.client import ClaimHandle, KubeletClient
+from tangram.kubernetes.objects.deviceclasses import load_shipped_device_classes
 from tangram.local.processes import LocalCluster, SimNode
 from tangram.nvml import SimNvml, parse_mig_minors, render_mig_minors
 from tangram.partitioning import MigExecutor

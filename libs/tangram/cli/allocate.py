@@ -15,7 +15,7 @@ import msgspec
 from tangram.allocation import POLICIES, Allocated, Claim, DeviceClass, FleetState, NvlinkTally
 from tangram.events.inventory import NodeHardware, renamed_machine
 from tangram.inputs import Document, InputError, load_yaml_documents, read_text, read_yaml
-from tangram.k8s.limits import DNS_SUBDOMAIN, MAX_SUBDOMAIN
+from tangram.kubernetes.objects.limits import DNS_SUBDOMAIN, MAX_SUBDOMAIN
 from tangram.stats import percentile
 
 MAX_FLEET_NODES = 10_000  # ten times the fleet of the allocator benchmark
@@ -194,7 +194,7 @@ def _run(args: argparse.Namespace) -> int:
         fleet.apply_inventory(hw)
     classes: dict[str, DeviceClass] = {}
     if not args.no_shipped_classes:
-        from tangram.k8s.deviceclasses import load_shipped_device_classes  # noqa: PLC0415
+        from tangram.kubernetes.objects.deviceclasses import load_shipped_device_classes  # noqa: PLC0415
 
         for manifest in load_shipped_device_classes():
             device_class = DeviceClass.from_manifest(manifest)

@@ -14,8 +14,8 @@ from tangram import DRIVER_NAME
 from tangram.dra import node_devices
 from tangram.events import NodeHardware, NodeInventory, encode, subject_token
 from tangram.events.envelope import InvalidKey
-from tangram.k8s.limits import DNS_SUBDOMAIN, K8S_VERSIONS, MAX_SUBDOMAIN, K8sVersion
-from tangram.k8s.slices import SliceRenderError, render_slices
+from tangram.kubernetes.objects.limits import DNS_SUBDOMAIN, K8S_VERSIONS, MAX_SUBDOMAIN, K8sVersion
+from tangram.kubernetes.objects.slices import SliceRenderError, render_slices
 
 EXIT_NO_DRIVER = 1
 EXIT_BAD_INPUT = 2

@@ -87,7 +87,7 @@ async def _export(args: argparse.Namespace, name: str) -> EventLog:
 
 def device_classes() -> dict[str, DeviceClass]:
     """The DeviceClasses Tangram ships, by name: what the allocator decides with by default."""
-    from tangram.k8s.deviceclasses import load_shipped_device_classes  # noqa: PLC0415
+    from tangram.kubernetes.objects.deviceclasses import load_shipped_device_classes  # noqa: PLC0415
 
     classes: dict[str, DeviceClass] = {}
     for manifest in load_shipped_device_classes():

@@ -23,9 +23,9 @@ from tangram.dra import node_devices
 from tangram.dra.model import Device
 from tangram.events import AllocatedDevice, MigPlacement, PartitionAction, PartitionRequested, subject_token
 from tangram.events.ids import command_event_id, partition_command_id
-from tangram.kube import KubeApiError, call_json
 from tangram.kubelet.allocations import AllocationUnavailable, InMemoryAllocationSource, Pending
 from tangram.kubelet.claimstatus import ClaimAllocation, ClaimRefused, check_topology, read_allocation
+from tangram.kubernetes.api import KubeApiError, call_json
 
 log = logging.getLogger("tangram.kubelet.kubesource")
 

@@ -22,8 +22,8 @@ from typing import Any
 
 from kubernetes_asyncio.client import ResourceV1Api
 
-from tangram.k8s.deviceclasses import load_shipped_device_classes
-from tangram.kube import KubeApiError, call
+from tangram.kubernetes.api import KubeApiError, call
+from tangram.kubernetes.objects.deviceclasses import load_shipped_device_classes
 from tangram.local.controlplane import ControlPlane, register_node
 from tangram.local.kubelet import NodeKubelet
 from tangram.local.processes import LocalCluster, SimNode

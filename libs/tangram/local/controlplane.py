@@ -33,7 +33,7 @@ from typing import Any
 
 from kubernetes_asyncio.client import CoreV1Api
 
-from tangram.kube.client import call, connect
+from tangram.kubernetes.api.client import call, connect
 from tangram.local.gobuild import build_once, cache_root
 
 KUBERNETES_VERSION = "v1.34.4"

@@ -21,9 +21,9 @@ import grpc
 from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api, V1DeleteOptions, V1Preconditions
 from kubernetes_asyncio.watch import Watch
 
-from tangram.k8s.times import kube_time
-from tangram.kube import KubeApiError, call
 from tangram.kubelet.client import ClaimHandle, KubeletClient
+from tangram.kubernetes.api import KubeApiError, call
+from tangram.kubernetes.objects.times import kube_time
 
 log = logging.getLogger("tangram.local.kubelet")
 

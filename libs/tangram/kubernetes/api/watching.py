@@ -1,0 +1,60 @@
+"""List, then watch from the list's resourceVersion; list again whenever the watch ends.
+
+The one way Tangram follows a kind of object in the API server (the allocator's claim bridge, the
+admission webhook's gate keeper): a watch that expires, breaks or is refused ("too old resource
+version") costs a new listing after a growing delay, never the follower.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from kubernetes_asyncio.watch import Watch
+
+from tangram.kubernetes.api.client import WATCH_ERRORS, relist_delay
+
+log = logging.getLogger("tangram.kubernetes.api")
+
+OnChange = Callable[[str, dict[str, Any]], Awaitable[None]]
+
+
+async def list_then_watch(
+    what: str,
+    relist: Callable[[], Awaitable[str]],
+    watch_call: Callable[..., Any],
+    on_change: OnChange,
+    stop: asyncio.Event,
+    *,
+    watch_timeout_s: int,
+    request_timeout_s: float,
+) -> None:
+    """`relist` lists the kind and returns the list's resourceVersion; `watch_call` is the same
+    list call, which the watch streams; `on_change(type, object)` gets every change with an object
+    (ADDED, MODIFIED, DELETED), in order."""
+    failures = 0
+    while not stop.is_set():
+        try:
+            version = await relist()
+            failures = 0
+            async with Watch(return_type="object") as stream:
+                async for change in stream.stream(
+                    watch_call,
+                    resource_version=version,
+                    allow_watch_bookmarks=False,
+                    timeout_seconds=watch_timeout_s,
+                    _request_timeout=watch_timeout_s + request_timeout_s,
+                ):
+                    obj = change["raw_object"]
+                    if isinstance(obj, dict) and isinstance(obj.get("metadata"), dict):
+                        await on_change(str(change["type"]), obj)
+        except WATCH_ERRORS as error:
+            failures += 1
+            delay = relist_delay(failures)
+            log.warning(
+                f"{what} watch ended; listing again",
+                extra={"error": f"{type(error).__name__}: {error}", "retry_in_s": delay},
+            )
+            await asyncio.sleep(delay)
