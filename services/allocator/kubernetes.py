@@ -64,6 +64,7 @@ from tangram.kubernetes.objects.claimbridge import (
     ungate_patch,
     warning_event,
 )
+from tangram.kubernetes.objects.pods import PodsByClaim
 from tangram.kubernetes.objects.times import kube_time
 from tangram.service import first
 
@@ -105,11 +106,7 @@ class ClaimBridge:
         self._watch_timeout = watch_timeout_s
         self.classes: dict[str, dict[str, Any]] = {}
         self.claims: dict[Key, dict[str, Any]] = {}
-        self.pods: dict[Key, dict[str, Any]] = {}
-        # (namespace, claim name) -> the pods kept that use that claim: finding a claim's pods
-        # never walks every pod (a namespace's flood of thousands would make each claim's turn,
-        # and each listing, cost as much as all of them).
-        self._users: dict[Key, set[Key]] = {}
+        self.pods = PodsByClaim()
         self._requested: dict[str, int] = {}  # uid -> the attempt asked last
         self._adopted: set[str] = set()
         self._known: set[str] = set()  # uids of claims this bridge asked about
@@ -279,7 +276,7 @@ class ClaimBridge:
 
     async def _reconcile_everything(self) -> None:
         await self._reconcile_all()
-        for pod in list(self.pods.values()):
+        for pod in list(self.pods.by_key.values()):
             await self._pod_changed(pod)
 
     async def _reconcile_claim(self, claim: dict[str, Any], before: dict[str, Any] | None) -> None:
@@ -302,7 +299,7 @@ class ClaimBridge:
         allocates a claim when it schedules a pod), never for a claim no pod waits for."""
         if "pods" not in self._listed:
             return False
-        return any(gated(pod) for pod in self._users_of(claim_ref(claim)))
+        return any(gated(pod) for pod in self.pods.users_of(claim_ref(claim)))
 
     def _decided_or_known(self) -> set[str]:
         return self._known | set(self._ledger.decided) | set(self._ledger.outside)
@@ -500,7 +497,7 @@ class ClaimBridge:
         self._warned[failed.uid] = failed.reason
         now = kube_time(datetime.now(UTC))
         suffix = derived_id(failed.uid, failed.attempt, "unschedulable")[:16]
-        involved = [("ResourceClaim", claim)] + [("Pod", pod) for pod in self._users_of(claim_ref(claim))]
+        involved = [("ResourceClaim", claim)] + [("Pod", pod) for pod in self.pods.users_of(claim_ref(claim))]
         for kind, obj in involved:
             event = warning_event(
                 obj,
@@ -520,18 +517,18 @@ class ClaimBridge:
             "list Pods",
             self._core.list_pod_for_all_namespaces(_preload_content=False, _request_timeout=self._timeout),
         )
-        self.pods, self._users = {}, {}
+        self.pods.clear()
         for pod in listed.get("items") or []:
             if _relevant(pod):
-                self._keep_pod(_key(pod), pod)
+                self.pods.keep(_key(pod), pod)
         return str(listed["metadata"].get("resourceVersion", ""))
 
     async def _pod_seen(self, kind: str, obj: dict[str, Any]) -> None:
         key = _key(obj)
         if kind == "DELETED" or not _relevant(obj):
-            self._keep_pod(key, None)
+            self.pods.keep(key, None)
             return
-        self._keep_pod(key, obj)
+        self.pods.keep(key, obj)
         await self._pod_changed(obj)
 
     async def _pod_changed(self, pod: dict[str, Any]) -> None:
@@ -547,7 +544,7 @@ class ClaimBridge:
         await self._maybe_ungate(pod)
 
     async def _ungate_users(self, claim: dict[str, Any]) -> None:
-        for pod in [p for p in self._users_of(claim_ref(claim)) if gated(p)]:
+        for pod in [p for p in self.pods.users_of(claim_ref(claim)) if gated(p)]:
             await self._maybe_ungate(pod)
 
     async def _maybe_ungate(self, pod: dict[str, Any]) -> None:
@@ -590,31 +587,13 @@ class ClaimBridge:
                 "scheduling gate removed",
                 extra={"pod": f"{namespace}/{name}", "tangram": self._uses_tangram(pod)},
             )
-            self._keep_pod((namespace, name), pod)
+            self.pods.keep((namespace, name), pod)
             return
 
     def _uses_tangram(self, pod: dict[str, Any]) -> bool:
         namespace = _key(pod)[0]
         claims = [self.claims.get((namespace, name)) for name in pod_claims(pod) or []]
         return any(claim is not None and is_tangrams(claim, self.classes) for claim in claims)
-
-    def _keep_pod(self, key: Key, pod: dict[str, Any] | None) -> None:
-        """Keep the pod as last seen (None: forget it), and which claims it uses."""
-        before = self.pods.pop(key, None)
-        for name in [] if before is None else pod_claims(before) or []:
-            users = self._users.get((key[0], name))
-            if users is not None:
-                users.discard(key)
-                if not users:
-                    del self._users[(key[0], name)]
-        if pod is not None:
-            self.pods[key] = pod
-            for name in pod_claims(pod) or []:
-                self._users.setdefault((key[0], name), set()).add(key)
-
-    def _users_of(self, ref: ClaimRef) -> list[dict[str, Any]]:
-        """The pods kept that use the claim (`uses_claim`), in a fixed order."""
-        return [self.pods[key] for key in sorted(self._users.get((ref.namespace, ref.name), ()))]
 
 
 def _relevant(pod: dict[str, Any]) -> bool:

@@ -41,8 +41,10 @@ async def test_a_claims_pods_are_those_that_use_it_as_pods_come_change_and_go() 
 
         def check() -> None:
             for ref in refs:
-                expected = sorted(key for key, pod in bridge.pods.items() if uses_claim(pod, ref))
-                found = [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in bridge._users_of(ref)]
+                expected = sorted(key for key, pod in bridge.pods.by_key.items() if uses_claim(pod, ref))
+                found = [
+                    (p["metadata"]["namespace"], p["metadata"]["name"]) for p in bridge.pods.users_of(ref)
+                ]
                 assert found == expected, ref
 
         await bridge._pod_seen("ADDED", _pod("a", "p1", claim="c1"))
@@ -52,18 +54,18 @@ async def test_a_claims_pods_are_those_that_use_it_as_pods_come_change_and_go() 
         made = _pod("a", "p3", template="t")
         await bridge._pod_seen("ADDED", made)
         check()
-        assert len(bridge._users_of(refs[0])) == 2 and bridge._users_of(refs[1]) == []
+        assert len(bridge.pods.users_of(refs[0])) == 2 and bridge.pods.users_of(refs[1]) == []
         made = {**made, "status": {"resourceClaimStatuses": [{"name": "gpus", "resourceClaimName": "c2"}]}}
         await bridge._pod_seen("MODIFIED", made)
         check()
-        assert [p["metadata"]["name"] for p in bridge._users_of(refs[1])] == ["p3"]
+        assert [p["metadata"]["name"] for p in bridge.pods.users_of(refs[1])] == ["p3"]
         await bridge._pod_seen("DELETED", _pod("a", "p1", claim="c1"))
         await bridge._pod_seen("DELETED", made)
         check()
-        assert [p["metadata"]["name"] for p in bridge._users_of(refs[0])] == ["p2"]
-        assert bridge._users_of(refs[1]) == []
+        assert [p["metadata"]["name"] for p in bridge.pods.users_of(refs[0])] == ["p2"]
+        assert bridge.pods.users_of(refs[1]) == []
         # A pod that no longer uses claims nor carries the gate is not kept at all.
         await bridge._pod_seen("MODIFIED", {"metadata": {"namespace": "b", "name": "p1"}, "spec": {}})
         check()
-        assert bridge._users_of(refs[2]) == [] and ("b", "p1") not in bridge.pods
-        assert set(bridge._users) == {("a", "c1")}
+        assert bridge.pods.users_of(refs[2]) == [] and ("b", "p1") not in bridge.pods.by_key
+        assert bridge.pods.claims_used() == {("a", "c1")}
