@@ -15,7 +15,7 @@ from typing import Any
 
 from kubernetes_asyncio.client import AuthenticationV1Api, CoreV1Api
 
-from tangram.bus.client import token_expiry
+from tangram.bus.config import token_expiry
 from tangram.kubernetes.api import call
 from tangram.kubernetes.api.client import KubeApiError
 

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from tangram.bus import Bus, BusConfig, ConsumerSpec, Poison, redact_url
-from tangram.bus.client import inbox_prefix
+from tangram.bus.config import inbox_prefix
 from tangram.events import (
     CLAIMS_STREAM,
     DEADLETTER_STREAM,

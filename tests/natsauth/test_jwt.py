@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tangram.bus.client import TokenFile, token_expiry
+from tangram.bus.config import TokenFile, token_expiry
 from tangram.natsauth.jwt import (
     NatsJwtError,
     auth_response,

@@ -1,6 +1,7 @@
 """The JetStream bus: declarations, publishing, durable consumers with dead letters, replay."""
 
-from tangram.bus.client import Bus, BusConfig, Handler, is_transient, redact_url
+from tangram.bus.client import Bus, Handler
+from tangram.bus.config import BusConfig, is_transient, redact_url
 from tangram.bus.declarations import (
     STREAMS,
     STREAMS_BY_NAME,

@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
-import json
 import logging
-import re
-import ssl
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime
 from functools import partial
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import nats
 import nats.errors
@@ -29,15 +22,23 @@ from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
     DeliverPolicy,
-    DiscardPolicy,
     KeyValueConfig,
     PubAck,
     RawStreamMsg,
-    RetentionPolicy,
-    StorageType,
-    StreamConfig,
 )
 
+from tangram.bus.config import (
+    TRANSIENT,
+    TRANSIENT_API_CODES,
+    BusConfig,
+    TokenFile,
+    connection_user,
+    inbox_prefix,
+    is_transient,
+    redact_url,
+    tls_context,
+    token_expiry,
+)
 from tangram.bus.deadletters import dead_letter
 from tangram.bus.declarations import (
     KEY_VALUES,
@@ -48,8 +49,10 @@ from tangram.bus.declarations import (
     StreamSpec,
 )
 from tangram.bus.errors import BusError, Poison, Retry
-from tangram.bus.follow import Follower
+from tangram.bus.follow import Follower, PositionHook
+from tangram.bus.lanes import Lanes, SlowWatch, delivery_position, lane_key
 from tangram.bus.metrics import CONSUMED, DEAD_LETTERS, DUPLICATES, HANDLE_SECONDS, PUBLISHED, SKIPPED
+from tangram.bus.streams import consumer_config, stream_config, stream_shape
 from tangram.events import (
     DEADLETTER_STREAM,
     Event,
@@ -63,185 +66,9 @@ log = logging.getLogger("tangram.bus")
 
 T = TypeVar("T")
 Handler = Callable[[Event], Awaitable[None]]
-# Told (stream, sequence) of an event just before its handler runs, with no await in between: a
-# fold can record how far into each stream it had read when it decided something.
-PositionHook = Callable[[str, int], None]
 
 # Room left in a message for the headers a publish adds (Nats-Msg-Id) and the protocol line.
 _PUBLISH_HEADROOM = 1024
-
-# Failures worth waiting out: the server is restarting, a reply was lost on the way, or (in a
-# cluster) the stream has no leader for a moment while its replicas elect one.
-_TRANSIENT: tuple[type[BaseException], ...] = (
-    nats.errors.TimeoutError,
-    nats.errors.NoRespondersError,
-    nats.js.errors.NoStreamResponseError,
-    nats.errors.ConnectionReconnectingError,
-    nats.errors.OutboundBufferLimitError,
-    nats.js.errors.ServiceUnavailableError,
-    asyncio.TimeoutError,
-)
-# JetStream API errors worth waiting out: "no suitable peers for placement" while the servers of
-# a cluster that just started (or restarted) have not all reported to the metadata leader yet.
-_TRANSIENT_API_CODES = frozenset({10005})
-
-
-def _is_transient(error: BaseException | None) -> bool:
-    """What _api retries: timeouts and the cluster's temporary unavailability."""
-    if isinstance(error, nats.js.errors.APIError) and not isinstance(error, _TRANSIENT):
-        return error.err_code in _TRANSIENT_API_CODES
-    return isinstance(error, _TRANSIENT)
-
-
-def is_transient(error: BusError) -> bool:
-    """The request failed for a while only (a timeout, a cluster electing leaders): try again."""
-    return _is_transient(error.__cause__)
-
-
-@dataclass(frozen=True)
-class BusConfig:
-    servers: tuple[str, ...]
-    name: str  # connection name, visible in the server's monitoring
-    producer: str  # written in every event's envelope
-    credentials_file: str | None = None  # NATS .creds (JWT + nkey); never logged
-    # A file holding the token sent at every (re)connection, read afresh each time so that a
-    # rotated projected service-account token is picked up; never logged.
-    token_file: str | None = None
-    # The NATS user this connection becomes when its URL names none (the auth callout names it).
-    user: str | None = None
-    # With a token file: reconnect this long before the token the connection was made with
-    # expires. The user the auth callout issued for it expires with it, and nats-server then
-    # closes the connection in a way nats-py does not reconnect from.
-    token_renew_margin_s: float = 60.0
-    tls_ca_file: str | None = None
-    tls_cert_file: str | None = None
-    tls_key_file: str | None = None
-    connect_timeout_s: float = 5.0
-    reconnect_forever: bool = True
-    publish_retry_s: float = 60.0  # how long a publish keeps retrying through a server outage
-    # Copies of each stream and bucket Tangram creates: 1 on a single server, 3 on a 3-server
-    # JetStream cluster (a stream then survives the loss of any one server, acked messages included).
-    stream_replicas: int = 1
-
-
-def redact_url(url: str) -> str:
-    """A NATS URL without its user:password, fit for a log line or an error message."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    port = f":{parts.port}" if parts.port else ""
-    return urlunsplit(parts._replace(netloc=f"***@{parts.hostname}{port}"))
-
-
-def connection_user(config: BusConfig) -> str:
-    """Who this connection speaks as: the NATS user of its URL, else its connection name.
-
-    It prefixes the names of the consumers it creates and its reply inbox, so that the server's
-    permissions can tell one user's consumers and replies from another's.
-    """
-    user = config.user or (urlsplit(config.servers[0]).username if config.servers else None)
-    token = re.sub(r"[^a-z0-9_-]+", "-", (user or config.name).lower()).strip("-_")
-    return token[:64] or "tangram"
-
-
-def token_expiry(token: str) -> int | None:
-    """`exp` of a JWT, read without verifying it (the server's side verifies; this only schedules)."""
-    parts = token.split(".")
-    if len(parts) != 3:
-        return None
-    try:
-        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
-    except (binascii.Error, ValueError):
-        return None
-    expires = claims.get("exp") if isinstance(claims, dict) else None
-    return expires if isinstance(expires, int) else None
-
-
-class TokenFile:
-    """The token sent at each connection, read afresh each time: nats-py asks at every connection
-    and reconnection, and the kubelet rewrites a projected token before it expires. An unreadable
-    file sends an empty token, which the server refuses, and the client retries. `sent` is the
-    token the current connection was made with."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.sent = ""
-
-    def read(self) -> str:
-        try:
-            with open(self.path, encoding="utf-8") as handle:
-                return handle.read().strip()
-        except OSError as exc:
-            log.warning("NATS token file unreadable", extra={"path": self.path, "error": exc.strerror})
-            return ""
-
-    def __call__(self) -> str:
-        self.sent = self.read()
-        return self.sent
-
-
-def inbox_prefix(config: BusConfig) -> str:
-    """Replies to this connection arrive under `_INBOX_<user>`: no other user may subscribe there."""
-    return f"_INBOX_{connection_user(config)}"
-
-
-def _tls_context(config: BusConfig) -> ssl.SSLContext | None:
-    if config.tls_ca_file is None and config.tls_cert_file is None:
-        return None
-    context = ssl.create_default_context(cafile=config.tls_ca_file)
-    if config.tls_cert_file is not None:
-        context.load_cert_chain(config.tls_cert_file, config.tls_key_file)
-    return context
-
-
-def _stream_config(spec: StreamSpec, replicas: int = 1) -> StreamConfig:
-    return StreamConfig(
-        name=spec.name,
-        description=spec.description,
-        subjects=list(spec.subjects),
-        retention=RetentionPolicy.LIMITS,
-        storage=StorageType.FILE,
-        discard=DiscardPolicy.OLD,
-        max_msgs_per_subject=spec.max_msgs_per_subject,
-        max_age=spec.max_age_s,
-        duplicate_window=spec.duplicate_window_s,
-        max_msg_size=spec.max_msg_size,
-        num_replicas=replicas,
-    )
-
-
-def _stream_shape(config: StreamConfig) -> tuple[object, ...]:
-    """The fields Tangram declares, compared to decide whether a stream needs an update."""
-    return (
-        tuple(config.subjects or ()),
-        config.description,
-        config.max_msgs_per_subject,
-        config.max_age,
-        config.duplicate_window,
-        config.max_msg_size,
-        config.storage,
-        config.retention,
-        config.discard,
-        config.num_replicas,
-    )
-
-
-def _consumer_config(spec: ConsumerSpec) -> ConsumerConfig:
-    return ConsumerConfig(
-        durable_name=spec.durable,
-        # Named: created on `$JS.API.CONSUMER.CREATE.<stream>.<durable>[.<filter>]`, a subject that
-        # permissions can grant to the durable's owner alone.
-        name=spec.durable,
-        description=spec.description or None,
-        ack_policy=AckPolicy.EXPLICIT,
-        deliver_policy=DeliverPolicy.ALL,
-        ack_wait=spec.ack_wait_s,
-        max_deliver=spec.max_deliver,
-        filter_subjects=list(spec.filter_subjects) if len(spec.filter_subjects) > 1 else None,
-        filter_subject=spec.filter_subjects[0] if len(spec.filter_subjects) == 1 else None,
-        max_ack_pending=spec.max_ack_pending,
-        metadata=spec.metadata or None,
-    )
 
 
 class Bus:
@@ -309,7 +136,7 @@ class Bus:
         token = TokenFile(config.token_file) if config.token_file is not None else None
         if token is not None:
             options["token"] = token
-        tls = _tls_context(config)
+        tls = tls_context(config)
         if tls is not None:
             options["tls"] = tls
         deadline = None if wait_s is None and config.reconnect_forever else time.monotonic() + (wait_s or 0)
@@ -353,13 +180,13 @@ class Bus:
         while True:
             try:
                 return await call()
-            except _TRANSIENT as exc:
+            except TRANSIENT as exc:
                 if time.monotonic() >= deadline or self._nc.is_closed:
                     raise BusError(f"{what}: {type(exc).__name__}: {exc}") from exc
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
             except nats.js.errors.APIError as exc:
-                if exc.err_code not in _TRANSIENT_API_CODES or time.monotonic() >= deadline:
+                if exc.err_code not in TRANSIENT_API_CODES or time.monotonic() >= deadline:
                     raise BusError(f"{what}: {exc}") from exc
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
@@ -403,7 +230,7 @@ class Bus:
         A stream already as declared is left alone: with NATS permissions, only an admin user may
         manage streams, and every service calls this at start.
         """
-        config = _stream_config(spec, self.config.stream_replicas)
+        config = stream_config(spec, self.config.stream_replicas)
         try:
             info = await self._api(
                 lambda: self._js.stream_info(spec.name),
@@ -417,7 +244,7 @@ class Bus:
                 lambda: self._js.add_stream(config), f"create stream {spec.name}", retry_s=self._setup_retry_s
             )
             return
-        if _stream_shape(info.config) != _stream_shape(config):
+        if stream_shape(info.config) != stream_shape(config):
             await self._api(
                 lambda: self._js.update_stream(config),
                 f"update stream {spec.name}",
@@ -434,7 +261,7 @@ class Bus:
         return f"{self.user}-{uuid.uuid4().hex[:16]}"
 
     async def ensure_consumer(self, spec: ConsumerSpec) -> None:
-        config = _consumer_config(spec)
+        config = consumer_config(spec)
         await self._api(
             lambda: self._js.add_consumer(spec.stream, config), f"consumer {spec.durable}", retry_s=10
         )
@@ -564,7 +391,7 @@ class Bus:
                         raise BusError(f"replay of {stream} stalled: nothing delivered for 30 s") from exc
                 batch, arrived[:] = list(arrived), []
                 for msg in batch:
-                    sequence, pending = _delivery_position(msg)
+                    sequence, pending = delivery_position(msg)
                     if sequence > last_seq:
                         return
                     yield sequence, msg
@@ -691,9 +518,9 @@ class Bus:
             return
         if ready is not None:
             ready.set()
-        watch = _SlowWatch(interval_s=max(spec.ack_wait_s / 3, 0.5))
+        watch = SlowWatch(interval_s=max(spec.ack_wait_s / 3, 0.5))
         heartbeat = asyncio.create_task(watch.run())
-        lanes = _Lanes(concurrency)
+        lanes = Lanes(concurrency)
         try:
             while not stop.is_set():
                 lanes.raise_failure()
@@ -713,7 +540,7 @@ class Bus:
                     if order_by is None:
                         await work
                     else:
-                        await lanes.submit(_lane_key(order_by, event), work)
+                        await lanes.submit(lane_key(order_by, event), work)
             await lanes.drain()
         finally:
             lanes.cancel()
@@ -768,7 +595,7 @@ class Bus:
         msg: Msg,
         event: Event,
         handler: Handler,
-        watch: _SlowWatch,
+        watch: SlowWatch,
         *,
         on_position: PositionHook | None,
     ) -> None:
@@ -776,7 +603,7 @@ class Bus:
         watch.begin(msg, started)
         try:
             if on_position is not None:
-                on_position(spec.stream, _delivery_position(msg)[0])
+                on_position(spec.stream, delivery_position(msg)[0])
             await handler(event)
         except Poison as exc:
             await self._dead_letter(spec, msg, f"poison: {exc}")
@@ -873,105 +700,6 @@ def _skipped(stream: str, why: str, subject: str, sequence: int, error: BaseExce
         },
         exc_info=why == "refused",  # a fold that raises is a bug to find; bad bytes are not
     )
-
-
-def _delivery_position(msg: Msg) -> tuple[int, int]:
-    """(stream sequence, messages pending) from the $JS.ACK reply subject, without full metadata.
-
-    `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<time>.<pending>` (9 tokens), or the
-    form with domain and account hash (12 tokens). Parsing two fields is much cheaper than
-    nats-py's metadata objects, and a replay reads every message of the log.
-    """
-    tokens = msg.reply.split(".")
-    if len(tokens) == 9:
-        return int(tokens[5]), int(tokens[8])
-    if len(tokens) >= 11:
-        return int(tokens[7]), int(tokens[10])
-    meta = msg.metadata
-    return meta.sequence.stream, meta.num_pending
-
-
-class _SlowWatch:
-    """Tells the server a slow handler is still working (in_progress), so it is not redelivered."""
-
-    def __init__(self, interval_s: float) -> None:
-        self.interval_s = interval_s
-        self._working: dict[int, tuple[Msg, float]] = {}
-
-    def begin(self, msg: Msg, started: float) -> None:
-        self._working[id(msg)] = (msg, started)
-
-    def end(self, msg: Msg) -> None:
-        self._working.pop(id(msg), None)
-
-    async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            now = time.perf_counter()
-            for msg, started in list(self._working.values()):
-                if now - started >= self.interval_s:
-                    with contextlib.suppress(nats.errors.Error):
-                        await msg.in_progress()
-
-
-def _lane_key(order_by: Callable[[Event], str], event: Event) -> str:
-    try:
-        return order_by(event)
-    except Exception:
-        # An event the key function cannot read goes to a lane of its own; its handler judges it.
-        return ""
-
-
-class _Lanes:
-    """Work in order per key and concurrently across keys: at most `limit` pieces run at once.
-
-    A piece waiting for an earlier one of its key holds no running slot, so one busy key never
-    stalls the others; how many may wait is bounded so that fetching pauses under a backlog.
-    """
-
-    QUEUED_PER_SLOT = 16
-
-    def __init__(self, limit: int) -> None:
-        self._running_slots = asyncio.Semaphore(max(limit, 1))
-        self._queued_slots = asyncio.Semaphore(max(limit, 1) * self.QUEUED_PER_SLOT)
-        self._tails: dict[str, asyncio.Task[None]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._failure: BaseException | None = None
-
-    async def submit(self, key: str, work: Coroutine[Any, Any, None]) -> None:
-        await self._queued_slots.acquire()
-        task = asyncio.create_task(self._after(self._tails.get(key), work))
-        self._tails[key] = task
-        self._tasks.add(task)
-        task.add_done_callback(lambda done: self._finished(key, done))
-
-    async def _after(self, previous: asyncio.Task[None] | None, work: Coroutine[Any, Any, None]) -> None:
-        if previous is not None:
-            await asyncio.wait({previous})
-        async with self._running_slots:
-            await work
-
-    def _finished(self, key: str, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        self._queued_slots.release()
-        if self._tails.get(key) is task:
-            del self._tails[key]
-        if not task.cancelled() and task.exception() is not None and self._failure is None:
-            self._failure = task.exception()
-
-    def raise_failure(self) -> None:
-        """A failure of the bus itself (a dead letter that could not be published) is fatal."""
-        if self._failure is not None:
-            raise self._failure
-
-    def cancel(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-
-    async def drain(self) -> None:
-        if self._tasks:
-            await asyncio.wait(set(self._tasks))
-        self.raise_failure()
 
 
 def _count_ack(event: Event, ack: PubAck) -> None:

@@ -15,21 +15,46 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol, TypeVar
 
 import nats.errors
+from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 
 from tangram.bus.declarations import ConsumerSpec
 from tangram.bus.errors import BusError
 from tangram.events import Event
 
-if TYPE_CHECKING:
-    from tangram.bus.client import Bus, PositionHook
-
 log = logging.getLogger("tangram.bus")
+
+T = TypeVar("T")
+
+# Told (stream, sequence) of an event just before its handler runs, with no await in between: a
+# fold can record how far into each stream it had read when it decided something.
+PositionHook = Callable[[str, int], None]
+
+
+class FollowedBus(Protocol):
+    """What a follower needs of the bus (tangram.bus.client.Bus), named here so that the two
+    modules do not import each other."""
+
+    user: str
+
+    @property
+    def nats(self) -> NatsClient: ...
+
+    @property
+    def jetstream(self) -> JetStreamContext: ...
+
+    def consumer_name(self) -> str: ...
+
+    async def _api(self, call: Callable[[], Awaitable[T]], what: str, *, retry_s: float = 0.0) -> T: ...
+
+    async def _decoded(self, spec: ConsumerSpec, msg: Msg) -> Event | None: ...
+
 
 HEARTBEAT_S = 2.0
 SILENCE_S = 3 * HEARTBEAT_S  # no message nor heartbeat for this long: start a fresh consumer
@@ -52,7 +77,7 @@ class _Delivery:
 class Follower:
     def __init__(
         self,
-        bus: Bus,
+        bus: FollowedBus,
         stream: str,
         filters: Sequence[str],
         handler: Callable[[Event], None],
