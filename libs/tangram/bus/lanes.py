@@ -14,9 +14,7 @@ import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
 
-from tangram.events import (
-    Event,
-)
+from tangram.events import Event
 
 
 def delivery_position(msg: Msg) -> tuple[int, int]:

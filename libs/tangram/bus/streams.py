@@ -12,10 +12,7 @@ from nats.js.api import (
     StreamConfig,
 )
 
-from tangram.bus.declarations import (
-    ConsumerSpec,
-    StreamSpec,
-)
+from tangram.bus.declarations import ConsumerSpec, StreamSpec
 
 
 def stream_config(spec: StreamSpec, replicas: int = 1) -> StreamConfig:
