@@ -16,7 +16,7 @@ import resource
 import socket
 import ssl
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,6 +30,7 @@ from services.admission.certs import TlsMaterial, issue
 from services.admission.connections import ConnectionBounds
 from services.admission.server import AdmissionServer, server_tls
 from tests.admission.reviews import StubLookup, review
+from tests.support.polling import until
 
 CLOSE_WAIT_S = 10.0
 SHORT = 0.2  # seconds: a bound under test
@@ -103,13 +104,6 @@ def closed_by(bound: str) -> float:
     return REGISTRY.get_sample_value("tangram_admission_connections_closed_total", {"bound": bound}) or 0.0
 
 
-async def eventually(condition: Callable[[], bool]) -> None:
-    """Until `condition` holds (the server learns of a closed connection in its own time)."""
-    async with asyncio.timeout(CLOSE_WAIT_S):
-        while not condition():
-            await asyncio.sleep(0.01)
-
-
 @pytest.mark.parametrize(
     "sent",
     [b"", b"\x16\x03\x01\x02\x00\x01"],  # nothing; the first bytes of a ClientHello, then nothing
@@ -125,7 +119,7 @@ async def test_a_connection_that_does_not_complete_its_handshake_is_closed(
     ):
         writer.write(sent)
         assert await until_closed(reader) == b""
-        await eventually(lambda: server.open_connections == 0)
+        await until("no connection left open", lambda: server.open_connections == 0, CLOSE_WAIT_S, every=0.01)
     assert closed_by("handshake") == before + 1
 
 
@@ -190,7 +184,9 @@ async def test_connections_beyond_the_limit_are_closed_at_once_until_one_of_thos
             assert (await answer(reader))[0] == 200
 
             opened.pop()[1].close()
-            await eventually(lambda: server.open_connections == 4)
+            await until(
+                "four connections open", lambda: server.open_connections == 4, CLOSE_WAIT_S, every=0.01
+            )
             async with connected(server.port, tls) as (reader, writer):
                 writer.write(REQUEST)
                 assert (await answer(reader))[0] == 200

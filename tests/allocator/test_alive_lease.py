@@ -13,7 +13,7 @@ from kubernetes_asyncio.client import CoordinationV1Api, CoreV1Api
 from services.allocator.alive import AliveLease
 from tangram.kubernetes.api import KubeApiError, call
 from tangram.kubernetes.objects.alive import ALLOCATOR_LEASE
-from tests.e2e.kubecluster import until
+from tests.support.polling import until
 
 
 @pytest.mark.controlplane

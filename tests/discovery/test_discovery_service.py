@@ -19,18 +19,11 @@ from tangram.events import INVENTORY_STREAM, NODES_STREAM, DeviceHealthChanged, 
 from tangram.local.natsserver import NatsServer
 from tangram.nvml import SimNvml
 from tangram.service import ServiceContext
+from tests.support.polling import until
 
 
 async def inventories(bus: Bus) -> list[NodeInventory]:
     return [e async for _, e in bus.replay(INVENTORY_STREAM) if isinstance(e, NodeInventory)]
-
-
-async def wait_for(predicate: object, timeout: float = 20.0) -> None:
-    async def poll() -> None:
-        while not await predicate():  # type: ignore[operator]
-            await asyncio.sleep(0.05)
-
-    await asyncio.wait_for(poll(), timeout)
 
 
 @pytest.fixture
@@ -81,7 +74,7 @@ async def test_republishes_when_mig_layout_changes_and_keeps_last_value_only(
         found = await inventories(bus)
         return len(found) == 1 and found[0].hardware.gpus[3].mig_enabled
 
-    await wait_for(mig_on)
+    await until("MIG mode on in the published inventory", mig_on, 20)
     [latest] = await inventories(bus)
     assert latest.generation == 2
     assert [gpu.index for gpu in latest.hardware.gpus if gpu.mig_enabled] == [0, 3]  # GPU 0 ships in MIG mode
@@ -96,7 +89,7 @@ async def test_critical_xid_marks_the_gpu_unhealthy(bus: Bus, discovery: tuple[S
         found = await inventories(bus)
         return bool(found) and found[0].hardware.gpus[5].health == "unhealthy"
 
-    await wait_for(unhealthy)
+    await until("the GPU unhealthy in the published inventory", unhealthy, 20)
     [inventory] = await inventories(bus)
     assert inventory.hardware.gpus[5].health_reason == "XID 79"
     assert [g.index for g in inventory.hardware.gpus if g.health != "healthy"] == [5]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ from tangram.local.kubelet import NodeKubelet
 from tangram.local.processes import LocalCluster, SimNode
 from tangram.partitioning import MigExecutor
 from tests.partitioner.helpers import MINORS, sim
+from tests.support.polling import until
 
 DRIVER = "gpu.tangram.dev"
 MACHINE = "hgx-h200"
@@ -51,19 +52,6 @@ class Node:
 
     def spec_text(self, uid: str) -> str:
         return (self.cluster.cdi_dir(self.name) / f"{DRIVER}-claim_{uid}.json").read_text()
-
-
-async def until(what: str, check: Callable[[], Awaitable[Any]], timeout: float = WAIT_S) -> Any:
-    """Poll `check` until it returns something truthy; the deadline bounds a wait, never asserts time."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        found = await check()
-        if found:
-            return found
-        if loop.time() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:g} s")
-        await asyncio.sleep(0.2)
 
 
 async def wait_for_pod(node: Node, name: str, phase: str) -> Any:

@@ -31,7 +31,6 @@ from tangram.kubernetes.objects.names import SCHEDULING_GATE
 from tangram.local.clusterup import install_device_classes
 from tangram.local.controlplane import ControlPlane
 from tests.deploy.apiserver import api_request
-from tests.e2e.kubecluster import until
 from tests.e2e.webhook import (
     Served,
     apply,
@@ -41,6 +40,7 @@ from tests.e2e.webhook import (
     ready,
     serving,
 )
+from tests.support.polling import until
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.controlplane]
 

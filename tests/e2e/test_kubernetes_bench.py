@@ -18,7 +18,7 @@ from tangram.bench.traces import Arrival, shipped_classes
 from tangram.kubernetes.api import KubeApiError, call
 from tangram.kubernetes.objects.names import SCHEDULING_GATE
 from tangram.local.controlplane import ControlPlane
-from tests.e2e.kubecluster import until
+from tests.support.polling import until
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.controlplane]
 

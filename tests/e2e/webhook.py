@@ -21,7 +21,7 @@ from tangram.kubernetes.api import KubeApiError, call
 from tangram.local import helm as chart
 from tangram.local.controlplane import ControlPlane, free_ports
 from tests.deploy.apiserver import api_request, api_resources
-from tests.e2e.kubecluster import until
+from tests.support.polling import until
 
 
 def objects(settings: dict[str, str], namespace: str) -> list[dict[str, Any]]:

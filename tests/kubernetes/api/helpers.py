@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +29,6 @@ def write_kubeconfig(path: Path, server: str) -> Path:
         )
     )
     return path
-
-
-async def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
-    async def poll() -> None:
-        while not predicate():
-            await asyncio.sleep(0.05)
-
-    await asyncio.wait_for(poll(), timeout)
 
 
 DRIVER = "gpu.tangram.dev"

@@ -14,15 +14,16 @@ from tangram.bus import Bus
 from tangram.local.natsserver import NatsServer
 from tangram.service import ServiceContext
 from tests.kubernetes.api.apiserver import LocalApiServer
-from tests.kubernetes.api.helpers import NODE, simulated, wait_for, write_kubeconfig
+from tests.kubernetes.api.helpers import NODE, simulated, write_kubeconfig
+from tests.support.polling import until
 
 
-async def run_discovery(settings: DiscoverySettings, bus: Bus, until: Callable[[], Awaitable[None]]) -> None:
+async def run_discovery(settings: DiscoverySettings, bus: Bus, then: Callable[[], Awaitable[None]]) -> None:
     ctx = ServiceContext(name="discovery", bus=bus, stop=asyncio.Event())
     task = asyncio.create_task(run(ctx, settings))
     try:
         await asyncio.wait_for(ctx.ready.wait(), 20)
-        await until()
+        await then()
     finally:
         ctx.stop.set()
         await task
@@ -44,14 +45,18 @@ async def test_discovery_publishes_and_updates_its_nodes_slices(
     )
 
     async def slices_follow_the_hardware() -> None:
-        await wait_for(lambda: len(apiserver.slices(NODE)) == 1)
+        await until("len(apiserver.slices(NODE)) == 1", lambda: len(apiserver.slices(NODE)) == 1, 20)
         [first] = apiserver.slices(NODE)
         assert first["metadata"]["name"] == "gpu-node.example.com-gpu-tangram-dev-0"
         assert [d["name"] for d in first["spec"]["devices"]] == [f"gpu-{i}" for i in range(8)]
         assert first["spec"]["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 1}
 
         simulated("l40s-8", state).sim_set_lost(2)  # another process sees GPU 2 fall off the bus
-        await wait_for(lambda: apiserver.slices(NODE)[0]["spec"]["pool"]["generation"] == 2)
+        await until(
+            "apiserver.slices(NODE)[0]['spec']['pool']['generation'] == 2",
+            lambda: apiserver.slices(NODE)[0]["spec"]["pool"]["generation"] == 2,
+            20,
+        )
 
     await run_discovery(settings, bus, slices_follow_the_hardware)
     [latest] = apiserver.slices(NODE)
@@ -75,7 +80,9 @@ async def test_discovery_survives_an_api_outage_and_catches_up(
     apiserver.fail_next(1, status=503)
 
     async def catches_up() -> None:
-        await wait_for(lambda: len(apiserver.slices(NODE)) == 1)  # after the 1 s backoff
+        await until(
+            "len(apiserver.slices(NODE)) == 1", lambda: len(apiserver.slices(NODE)) == 1, 20
+        )  # after the 1 s backoff
 
     await run_discovery(settings, bus, catches_up)
     methods = [method for method, _ in apiserver.requests]

@@ -13,7 +13,8 @@ from tangram.bus import Bus
 from tangram.local.natsserver import NatsServer
 from tangram.service import ServiceContext
 from tests.kubernetes.api.apiserver import LocalApiServer
-from tests.kubernetes.api.helpers import NODE, simulated, wait_for, write_kubeconfig
+from tests.kubernetes.api.helpers import NODE, simulated, write_kubeconfig
+from tests.support.polling import until
 
 DOUBLE_BIT_ECC_XID = 48
 APPLICATION_XID = 13  # graphics engine exception raised by the program: not the GPU's fault
@@ -50,14 +51,16 @@ async def test_ecc_xid_taints_the_gpu_and_an_application_xid_does_not(
     task = asyncio.create_task(run(ctx, settings))
     try:
         await asyncio.wait_for(ctx.ready.wait(), 20)
-        await wait_for(lambda: len(apiserver.slices(NODE)) == 1)
+        await until("len(apiserver.slices(NODE)) == 1", lambda: len(apiserver.slices(NODE)) == 1, 20)
         assert tainted(apiserver) == {}
         nvml = simulated("l40s-8", state)
         before = xids_seen(APPLICATION_XID)
         nvml.sim_inject_xid(5, APPLICATION_XID)
-        await wait_for(lambda: xids_seen(APPLICATION_XID) > before)  # handled before the ECC error comes
+        await until(
+            "xids_seen(APPLICATION_XID) > before", lambda: xids_seen(APPLICATION_XID) > before, 20
+        )  # handled before the ECC error comes
         nvml.sim_inject_xid(3, DOUBLE_BIT_ECC_XID)
-        await wait_for(lambda: bool(tainted(apiserver)))
+        await until("bool(tainted(apiserver))", lambda: bool(tainted(apiserver)), 20)
         assert tainted(apiserver) == {"gpu-3": ["gpu.tangram.dev/unhealthy"]}
     finally:
         ctx.stop.set()

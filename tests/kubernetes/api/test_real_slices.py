@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,21 +23,13 @@ from tangram.kubernetes.api.layout import detect_layout
 from tangram.local.controlplane import ControlPlane, register_node
 from tangram.nvml.inventory import read_node_hardware
 from tests.kubernetes.api.helpers import DRIVER, machine_slices, simulated
+from tests.support.polling import until
 
 # the first test to use a control plane also pays for starting it (a minute or more on a loaded
 # machine), inside its own timeout
 pytestmark = [pytest.mark.timeout(300), pytest.mark.controlplane]
 
 POLL_S = 0.1
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 30.0) -> None:
-    """Wait until `check` holds; the timeout is a bound on a loaded machine, not a measurement."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        await asyncio.sleep(POLL_S)
 
 
 async def pool(kube: Any, node: str) -> dict[str, Any]:
@@ -77,7 +68,7 @@ async def test_published_slices_are_owned_by_their_node_and_go_with_it(
     async def collected() -> bool:
         return not await pool(kube, unique)
 
-    await eventually(collected, "the garbage collector deletes the slices of a deleted Node", timeout=60)
+    await until("the garbage collector deletes the slices of a deleted Node", collected, 60, every=POLL_S)
 
 
 async def test_the_watch_restores_slices_deleted_edited_or_added_by_someone_else(
@@ -99,7 +90,7 @@ async def test_the_watch_restores_slices_deleted_edited_or_added_by_someone_else
         async def restored() -> bool:
             return name in await pool(kube, unique)
 
-        await eventually(restored, "a deleted slice is restored")
+        await until("a deleted slice is restored", restored, 30, every=POLL_S)
 
         # edited without touching the hash annotation: the device list is put back
         current = (await pool(kube, unique))[name]
@@ -110,7 +101,7 @@ async def test_the_watch_restores_slices_deleted_edited_or_added_by_someone_else
             held = (await pool(kube, unique)).get(name)
             return held is not None and len(held["spec"]["devices"]) == 8
 
-        await eventually(whole_again, "an edited slice gets its eight devices back")
+        await until("an edited slice gets its eight devices back", whole_again, 30, every=POLL_S)
 
         # a stranger's slice in the pool: removed
         stranger = {
@@ -129,7 +120,7 @@ async def test_the_watch_restores_slices_deleted_edited_or_added_by_someone_else
         async def gone() -> bool:
             return f"{unique}-stranger" not in await pool(kube, unique)
 
-        await eventually(gone, "a slice added to the pool by someone else is deleted")
+        await until("a slice added to the pool by someone else is deleted", gone, 30, every=POLL_S)
         assert publisher.repairs >= 3
         final = await pool(kube, unique)
         assert list(final) == [name]

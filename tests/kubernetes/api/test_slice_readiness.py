@@ -11,7 +11,8 @@ from tangram.bus import Bus
 from tangram.local.natsserver import NatsServer
 from tangram.service import ServiceContext
 from tests.kubernetes.api.apiserver import LocalApiServer
-from tests.kubernetes.api.helpers import NODE, wait_for, write_kubeconfig
+from tests.kubernetes.api.helpers import NODE, write_kubeconfig
+from tests.support.polling import until
 
 
 def problems(ctx: ServiceContext) -> list[str]:
@@ -37,14 +38,14 @@ async def test_an_api_outage_longer_than_the_stale_window_makes_discovery_unread
     task = asyncio.create_task(run(ctx, settings))
     try:
         await asyncio.wait_for(ctx.ready.wait(), 20)
-        await wait_for(lambda: bool(problems(ctx)))
+        await until("bool(problems(ctx))", lambda: bool(problems(ctx)), 20)
         [reason] = problems(ctx)
         assert reason.startswith("ResourceSlices not synced for ")
         assert reason.partition(" s: ")[2].strip() != ""  # the API error itself is named
         assert apiserver.slices(NODE) == []
         await apiserver.start()  # the same port: the pending retry reaches it
-        await wait_for(lambda: len(apiserver.slices(NODE)) == 1)
-        await wait_for(lambda: not problems(ctx))
+        await until("len(apiserver.slices(NODE)) == 1", lambda: len(apiserver.slices(NODE)) == 1, 20)
+        await until("not problems(ctx)", lambda: not problems(ctx), 20)
     finally:
         ctx.stop.set()
         await task
@@ -68,7 +69,7 @@ async def test_synced_slices_keep_discovery_ready(
     task = asyncio.create_task(run(ctx, settings))
     try:
         await asyncio.wait_for(ctx.ready.wait(), 20)
-        await wait_for(lambda: len(apiserver.slices(NODE)) == 1)
+        await until("len(apiserver.slices(NODE)) == 1", lambda: len(apiserver.slices(NODE)) == 1, 20)
         assert len(ctx.readiness) == 1  # the slice check is registered
         assert problems(ctx) == []
     finally:

@@ -1,0 +1,1 @@
+"""What tests in every folder share: waiting on a condition (`polling`)."""
