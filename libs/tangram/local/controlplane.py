@@ -14,11 +14,9 @@ check), and stops it by pid. Nodes are plain Node objects marked Ready: no kubel
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -35,6 +33,7 @@ from kubernetes_asyncio.client import CoreV1Api
 
 from tangram.kubernetes.api.client import call, connect
 from tangram.local.gobuild import build_once, cache_root
+from tangram.local.launch import end_process
 
 KUBERNETES_VERSION = "v1.34.4"
 # The feature gates each slice layout needs on a 1.34 API server: counter sets and devices that
@@ -300,19 +299,8 @@ class ControlPlane:
         process = self._process
         if process is None:
             return
-        if process.poll() is None:
-            os.kill(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.kill(process.pid, signal.SIGKILL)
-                process.wait()
-        if self._reader is not None:
-            self._reader.join(timeout)
-            self._reader = None
-        if process.stdout is not None:
-            with contextlib.suppress(OSError):
-                process.stdout.close()
+        end_process(process, timeout=timeout, reader=self._reader, pipe=process.stdout)
+        self._reader = None
         self._process = None
 
     def __enter__(self) -> ControlPlane:

@@ -7,7 +7,6 @@ tests (a fresh server and store per test), by `tangram demo` and by `tangram cha
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
@@ -20,6 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+
+from tangram.local.launch import end_process
 
 _LISTENING = re.compile(r"Listening for client connections on [^\s]*:(\d+)")
 _READY = "Server is ready"
@@ -212,20 +213,8 @@ class NatsServer:
         process = self._process
         if process is None:
             return
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        # The reader ends at EOF once the process is gone; joining it avoids reading a closed pipe.
-        if self._reader is not None:
-            self._reader.join(timeout)
-            self._reader = None
-        if process.stderr is not None:
-            with contextlib.suppress(OSError):
-                process.stderr.close()
+        end_process(process, timeout=timeout, reader=self._reader, pipe=process.stderr)
+        self._reader = None
 
     def __enter__(self) -> NatsServer:
         return self.start()
