@@ -7,6 +7,7 @@ from typing import Any
 
 from tangram.allocation import Claim, DeviceClass
 from tangram.events.inventory import GpuInfo, GpuLink, MigInstance, MigPlacement, MigProfile, NodeHardware
+from tests.support.driver import DRIVER
 
 GIB = 1024
 
@@ -193,9 +194,6 @@ def a100_mig(node: str, instances: dict[int, list[MigInstance]] | None = None) -
     )
 
 
-DOMAIN = "gpu.tangram.dev"
-
-
 def device_class(name: str, *selectors: str, config: list[dict[str, Any]] | None = None) -> DeviceClass:
     spec: dict[str, Any] = {"selectors": [{"cel": {"expression": s}} for s in selectors]}
     if config:
@@ -207,12 +205,12 @@ def device_class(name: str, *selectors: str, config: list[dict[str, Any]] | None
 
 CLASSES = {
     "gpu.tangram.dev": device_class(
-        "gpu.tangram.dev", f'device.driver == "{DOMAIN}" && device.attributes["{DOMAIN}"].type == "gpu"'
+        "gpu.tangram.dev", f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "gpu"'
     ),
     "mig.gpu.tangram.dev": device_class(
-        "mig.gpu.tangram.dev", f'device.driver == "{DOMAIN}" && device.attributes["{DOMAIN}"].type == "mig"'
+        "mig.gpu.tangram.dev", f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "mig"'
     ),
-    "any.gpu.tangram.dev": device_class("any.gpu.tangram.dev", f'device.driver == "{DOMAIN}"'),
+    "any.gpu.tangram.dev": device_class("any.gpu.tangram.dev", f'device.driver == "{DRIVER}"'),
 }
 
 
@@ -238,11 +236,11 @@ def claim(name: str, *requests: dict[str, Any], **devices: Any) -> Claim:
 
 
 def profile_is(profile: str) -> str:
-    return f'device.attributes["{DOMAIN}"].profile == "{profile}"'
+    return f'device.attributes["{DRIVER}"].profile == "{profile}"'
 
 
 def index_is(*indexes: int) -> str:
-    return " || ".join(f'device.attributes["{DOMAIN}"].index == {i}' for i in indexes)
+    return " || ".join(f'device.attributes["{DRIVER}"].index == {i}' for i in indexes)
 
 
 def nvlink_config(*requests: str) -> list[dict[str, Any]]:
@@ -251,7 +249,7 @@ def nvlink_config(*requests: str) -> list[dict[str, Any]]:
         {
             "requests": list(requests),
             "opaque": {
-                "driver": DOMAIN,
+                "driver": DRIVER,
                 "parameters": {
                     "apiVersion": "gpu.tangram.dev/v1alpha1",
                     "kind": "TopologyConfig",

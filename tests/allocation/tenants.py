@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from tangram.allocation import Claim
 from tangram.events.inventory import NodeHardware
 from tests.allocation.machines import (
-    DOMAIN,
+    DRIVER,
     a100_mig,
     claim,
     h100_nvl,
@@ -74,7 +74,7 @@ PLAIN: list[Step] = [
 ]
 
 
-ATTR = f'device.attributes["{DOMAIN}"]'
+ATTR = f'device.attributes["{DRIVER}"]'
 
 # Every kind of error the CEL evaluator raises at run time, each from a selector that compiles.
 # Most depend on the device, so some devices evaluate and others fail, as a real selector would.
@@ -95,7 +95,7 @@ CEL_RUNTIME_ERRORS = {
     "type mismatch": f"{ATTR}.uuid + 1 == 2",
     "no such overload": f"{ATTR}.uuid[1] == 1",
     "missing attribute": f'{ATTR}["noSuchAttribute"] == 1',
-    "missing capacity": f'device.capacity["{DOMAIN}"].noSuchCapacity.isInteger()',
+    "missing capacity": f'device.capacity["{DRIVER}"].noSuchCapacity.isInteger()',
     "missing map key": f'{{"a": 1}}[{ATTR}.uuid] == 1',
     "bad quantity": f"quantity({ATTR}.uuid).isInteger()",
     "bad semver": f"semver({ATTR}.uuid).major() == 1",
@@ -125,7 +125,7 @@ hostile_specs: st.SearchStrategy[Any] = st.one_of(
         lambda config, count: {
             "devices": {
                 "requests": [request(count=count)],
-                "config": [{"opaque": {"driver": DOMAIN, "parameters": config}}],
+                "config": [{"opaque": {"driver": DRIVER, "parameters": config}}],
             }
         },
         st.sampled_from(HOSTILE_CONFIGS) | st.dictionaries(text, hostile_values, min_size=1, max_size=3),

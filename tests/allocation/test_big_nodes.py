@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import random
 from itertools import combinations
-from typing import Any
 
 import pytest
 
-from tangram.allocation import Allocated, Failed, FleetState
+from tangram.allocation import FleetState
 from tangram.allocation.capacity import _exact_sets, _sets, cliques_in_order
 from tangram.allocation.links import PairTable
 from tangram.events.inventory import GpuLink, NodeHardware
@@ -22,6 +21,7 @@ from tangram.nvml.inventory import read_node_hardware
 from tangram.nvml.sim.backend import SimNvml
 from tests.allocation.machines import CLASSES, claim, index_is, nvlink_config, request
 from tests.machinegen import machine
+from tests.support.fleets import gpus_of, reason_of
 
 DOC = machine(MAX_GPUS_PER_MACHINE, "half", name="big")
 SWITCHED = set(DOC["nvlink"]["switch"]["gpus"])
@@ -37,16 +37,6 @@ def hardware() -> NodeHardware:
     nvml = SimNvml(parse_machine(DOC, source="big.yaml"))
     nvml.nvmlInit()
     return read_node_hardware(nvml, "big")
-
-
-def reason_of(decision: Any) -> str:
-    assert isinstance(decision, Failed), decision
-    return decision.reason
-
-
-def gpus_of(decision: Any) -> list[int]:
-    assert isinstance(decision, Allocated), decision
-    return [d.gpu_index for d in decision.devices]
 
 
 @pytest.mark.timeout(60)

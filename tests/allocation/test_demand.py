@@ -4,25 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from tangram.allocation import Allocated, Failed, FleetState
+from tangram.allocation import Failed
 from tangram.events.inventory import MigInstance, MigPlacement, NodeHardware
 from tests.allocation.machines import CLASSES, claim, hgx, index_is, l40s, nvlink_config, profile_is, request
+from tests.support.fleets import allocated, fleet
 
 MIG = "mig.gpu.tangram.dev"
 OTHERS = (1, 2, 3, 4, 5, 6, 7)
 AT_ZERO = 'device.attributes["gpu.tangram.dev"].placementStart == 0'
-
-
-def fleet(*nodes: NodeHardware, **options: Any) -> FleetState:
-    state = FleetState(**options)
-    for hw in nodes:
-        state.apply_inventory(hw)
-    return state
-
-
-def allocated(decision: Any) -> Allocated:
-    assert isinstance(decision, Allocated), decision
-    return decision
 
 
 def mig_claim(name: str, profile: str) -> Any:

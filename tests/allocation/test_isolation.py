@@ -25,7 +25,7 @@ from tangram.allocation.spec import parse_claim_spec
 from tangram.events.inventory import NodeHardware
 from tests.allocation.machines import (
     CLASSES,
-    DOMAIN,
+    DRIVER,
     request,
 )
 from tests.allocation.tenants import (
@@ -112,7 +112,7 @@ def test_a_hostile_opaque_config_fails_its_own_claim_only(config: Any) -> None:
     spec = {
         "devices": {
             "requests": [request(count=2)],
-            "config": [{"requests": ["gpus"], "opaque": {"driver": DOMAIN, "parameters": config}}],
+            "config": [{"requests": ["gpus"], "opaque": {"driver": DRIVER, "parameters": config}}],
         }
     }
     baseline_state, baseline = run(PLAIN)
@@ -159,12 +159,12 @@ def test_an_index_whose_count_fails_is_left_as_it_was() -> None:
     def eligible(n: Any, alt: Any) -> Eligible:
         if failing:
             raise RuntimeError("evaluation failed")
-        return evaluate(alt, n.devices, DOMAIN)
+        return evaluate(alt, n.devices, DRIVER)
 
     index = DemandIndex(state._shapes, eligible)
     index.set_sample(node.shape.signature, node)
     spec = parse_claim_spec({"devices": {"requests": [request(count=2)]}})
-    kind = claim_kind(resolve(spec, CLASSES, DOMAIN))
+    kind = claim_kind(resolve(spec, CLASSES, DRIVER))
     assert kind is not None and kind.alt is not None
     index.note(kind)
     index.place(node)

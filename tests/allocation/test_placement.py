@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tangram.allocation import Allocated, FleetState
+from tangram.allocation import Allocated
 from tests.allocation.machines import (
     CLASSES,
-    DOMAIN,
+    DRIVER,
     a100_mig,
     claim,
     h100_nvl,
@@ -18,24 +18,17 @@ from tests.allocation.machines import (
     profile_is,
     request,
 )
+from tests.support.fleets import fleet, gpus_of
 
 MIG = "mig.gpu.tangram.dev"
 
 
 def on_node(name: str, attribute: str = "uuid") -> str:
-    return f'device.attributes["{DOMAIN}"].{attribute}.startsWith("GPU-{name}-")'
-
-
-def fleet(*nodes: Any) -> FleetState:
-    state = FleetState()
-    for hw in nodes:
-        state.apply_inventory(hw)
-    return state
+    return f'device.attributes["{DRIVER}"].{attribute}.startsWith("GPU-{name}-")'
 
 
 def gpus(decision: Any) -> list[int]:
-    assert isinstance(decision, Allocated), decision
-    return sorted(d.gpu_index for d in decision.devices)
+    return sorted(gpus_of(decision))
 
 
 def test_four_gpus_on_nvl_node_get_two_bridged_pairs() -> None:
@@ -100,7 +93,7 @@ def test_pack_fills_the_most_used_node_and_spread_the_least_used() -> None:
     config = [
         {
             "opaque": {
-                "driver": DOMAIN,
+                "driver": DRIVER,
                 "parameters": {
                     "apiVersion": "gpu.tangram.dev/v1alpha1",
                     "kind": "TopologyConfig",

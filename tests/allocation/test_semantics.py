@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from tangram.allocation import Allocated, Claim, Failed, FleetState
+from tangram.allocation import Allocated, Claim, Failed
 from tangram.events.inventory import MigInstance, MigPlacement
 from tests.allocation.machines import (
     CLASSES,
-    DOMAIN,
+    DRIVER,
     a100_mig,
     claim,
     device_class,
@@ -20,23 +20,7 @@ from tests.allocation.machines import (
     profile_is,
     request,
 )
-
-
-def fleet(*nodes: Any) -> FleetState:
-    state = FleetState()
-    for hw in nodes:
-        state.apply_inventory(hw)
-    return state
-
-
-def devices_of(decision: Any) -> list[str]:
-    assert isinstance(decision, Allocated), decision
-    return [d.device for d in decision.devices]
-
-
-def reason_of(decision: Any) -> str:
-    assert isinstance(decision, Failed), decision
-    return decision.reason
+from tests.support.fleets import devices_of, fleet, reason_of
 
 
 @pytest.mark.parametrize(
@@ -81,7 +65,7 @@ def reason_of(decision: Any) -> str:
         ),
         ({"devices": {"requests": [request(selectorz=[])]}}, "spec.devices.requests[0].exactly.selectorz"),
         (
-            {"devices": {"requests": [request(capacity={"requests": {f"{DOMAIN}/memory": "lots"}})]}},
+            {"devices": {"requests": [request(capacity={"requests": {f"{DRIVER}/memory": "lots"}})]}},
             "not a Kubernetes quantity",
         ),
     ],
@@ -106,7 +90,7 @@ def test_cel_compile_error_fails_the_claim() -> None:
 
 
 def test_cel_runtime_error_fails_the_claim() -> None:
-    classes = {**CLASSES, "broken": device_class("broken", f'device.attributes["{DOMAIN}"].foo == 1')}
+    classes = {**CLASSES, "broken": device_class("broken", f'device.attributes["{DRIVER}"].foo == 1')}
     decision = fleet(hgx("n1")).allocate(claim("c", request(device_class="broken")), classes)
     assert reason_of(decision).startswith(
         'request "gpus": class "broken": CEL runtime error: no such key: foo'
@@ -116,7 +100,7 @@ def test_cel_runtime_error_fails_the_claim() -> None:
 def test_class_and_request_selectors_are_anded() -> None:
     state = fleet(hgx("n1"), l40s("n2"))
     decision = state.allocate(
-        claim("c", request(selectors=(f'device.attributes["{DOMAIN}"].productName == "NVIDIA L40S"',))),
+        claim("c", request(selectors=(f'device.attributes["{DRIVER}"].productName == "NVIDIA L40S"',))),
         CLASSES,
     )
     assert isinstance(decision, Allocated) and decision.node == "n2"
@@ -173,7 +157,7 @@ def test_first_available_tries_subrequests_in_order() -> None:
 def test_capacity_requests(memory: str, fits: bool) -> None:
     state = fleet(l40s("n1"))
     decision = state.allocate(
-        claim("c", request(capacity={"requests": {f"{DOMAIN}/memory": memory}})), CLASSES
+        claim("c", request(capacity={"requests": {f"{DRIVER}/memory": memory}})), CLASSES
     )
     if fits:
         assert devices_of(decision) == ["gpu-0"]
@@ -204,9 +188,9 @@ def test_match_attribute_unsatisfiable() -> None:
 
 def test_match_attribute_missing_makes_device_ineligible() -> None:
     state = fleet(l40s("n1"))
-    spec = {"constraints": [{"matchAttribute": f"{DOMAIN}/nvlinkDomain"}]}
+    spec = {"constraints": [{"matchAttribute": f"{DRIVER}/nvlinkDomain"}]}
     decision = state.allocate(claim("c", request(), **spec), CLASSES)
-    assert f"no free devices with attribute {DOMAIN}/nvlinkDomain" in reason_of(decision)
+    assert f"no free devices with attribute {DRIVER}/nvlinkDomain" in reason_of(decision)
 
 
 def test_distinct_attribute() -> None:
@@ -223,9 +207,9 @@ def test_taints_need_tolerations() -> None:
     state = fleet(sick)
     failed = state.allocate(claim("c", request()), CLASSES)
     assert (
-        reason_of(failed) == f'0/1 nodes fit: 1 node: request "gpus": taint {DOMAIN}/unhealthy not tolerated'
+        reason_of(failed) == f'0/1 nodes fit: 1 node: request "gpus": taint {DRIVER}/unhealthy not tolerated'
     )
-    tolerations = [{"key": f"{DOMAIN}/unhealthy", "operator": "Exists", "effect": "NoSchedule"}]
+    tolerations = [{"key": f"{DRIVER}/unhealthy", "operator": "Exists", "effect": "NoSchedule"}]
     assert isinstance(state.allocate(claim("t", request(tolerations=tolerations)), CLASSES), Allocated)
 
 
@@ -233,10 +217,10 @@ def test_taints_need_tolerations() -> None:
     ("toleration", "tolerated"),
     [
         ({"operator": "Exists"}, True),
-        ({"key": f"{DOMAIN}/unhealthy", "operator": "Exists"}, True),
-        ({"key": f"{DOMAIN}/unhealthy", "operator": "Equal", "value": ""}, True),
-        ({"key": f"{DOMAIN}/unhealthy", "operator": "Equal", "value": "yes"}, False),
-        ({"key": f"{DOMAIN}/unhealthy", "operator": "Exists", "effect": "NoExecute"}, False),
+        ({"key": f"{DRIVER}/unhealthy", "operator": "Exists"}, True),
+        ({"key": f"{DRIVER}/unhealthy", "operator": "Equal", "value": ""}, True),
+        ({"key": f"{DRIVER}/unhealthy", "operator": "Equal", "value": "yes"}, False),
+        ({"key": f"{DRIVER}/unhealthy", "operator": "Exists", "effect": "NoExecute"}, False),
         ({"key": "other", "operator": "Exists"}, False),
     ],
 )
@@ -341,7 +325,7 @@ def test_topology_config_parameters_are_validated() -> None:
     config = [
         {
             "opaque": {
-                "driver": DOMAIN,
+                "driver": DRIVER,
                 "parameters": {
                     "apiVersion": "gpu.tangram.dev/v1alpha1",
                     "kind": "TopologyConfig",
@@ -360,7 +344,7 @@ def test_topology_config_nvlink_rejects_pcie_only_nodes() -> None:
     config = [
         {
             "opaque": {
-                "driver": DOMAIN,
+                "driver": DRIVER,
                 "parameters": {
                     "apiVersion": "gpu.tangram.dev/v1alpha1",
                     "kind": "TopologyConfig",

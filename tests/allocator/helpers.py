@@ -25,6 +25,7 @@ from tangram.kubernetes.objects.deviceclasses import load_shipped_device_classes
 from tangram.nvml import SimNvml
 from tangram.nvml.inventory import read_node_hardware
 from tangram.service import ServiceContext
+from tests.support.polling import until
 
 # The shipped DeviceClasses, by name: what the allocator decides with by default.
 CLASSES = {c.name: c for c in (DeviceClass.from_manifest(m) for m in load_shipped_device_classes())}
@@ -86,15 +87,17 @@ async def log(bus: Bus, stream: str = CLAIMS_STREAM) -> list[Event]:
     return [e async for _, e in bus.replay(stream)]
 
 
-async def until(
+async def log_until(
     bus: Bus, predicate: Callable[[list[Event]], bool], stream: str = CLAIMS_STREAM
 ) -> list[Event]:
-    async def poll() -> list[Event]:
-        while not predicate(events := await log(bus, stream)):
-            await asyncio.sleep(0.05)
-        return events
+    """The stream's log, once `predicate` holds for it."""
 
-    return await asyncio.wait_for(poll(), 30)
+    async def matching() -> tuple[list[Event]] | None:
+        events = await log(bus, stream)
+        return (events,) if predicate(events) else None
+
+    found: tuple[list[Event]] = await until(f"the {stream} log to match", matching, 30, every=0.05)
+    return found[0]
 
 
 def decisions(events: list[Event]) -> list[Event]:

@@ -22,7 +22,7 @@ from tangram.events import (
 from tangram.local.natsserver import NatsServer
 from tangram.service import ServiceContext
 
-from .helpers import allocator, decisions, gpus, inventory, log, mig, request, until
+from .helpers import allocator, decisions, gpus, inventory, log, log_until, mig, request
 
 
 async def test_decides_claims_and_sends_partition_commands(bus: Bus, nats_server: NatsServer) -> None:
@@ -31,7 +31,7 @@ async def test_decides_claims_and_sends_partition_commands(bus: Bus, nats_server
         await bus.publish(request(1, gpus(4)))
         await bus.publish(request(2, mig("2g.20gb")))
         await bus.publish(request(3, gpus(9)))
-        events = await until(bus, lambda e: len(decisions(e)) == 3)
+        events = await log_until(bus, lambda e: len(decisions(e)) == 3)
     by_uid = {e.uid: e for e in decisions(events)}  # type: ignore[attr-defined]
     four, two_g, nine = (by_uid[request(n, {}).uid] for n in (1, 2, 3))
     assert isinstance(four, ClaimAllocated) and len(four.devices) == 4
@@ -52,14 +52,14 @@ async def test_restart_rebuilds_state_and_never_decides_a_claim_twice(
     async with allocator(bus, nats_server.url):
         for n in range(6):
             await bus.publish(request(n, gpus(1)))
-        await until(bus, lambda e: len(decisions(e)) == 6)
+        await log_until(bus, lambda e: len(decisions(e)) == 6)
     async with allocator(bus, nats_server.url):
         # The same claims again with new event ids (a client retrying), then claims that need more GPUs.
         for n in range(6):
             await bus.publish(request(n, gpus(1)))
         await bus.publish(request(10, gpus(2)))
         await bus.publish(request(11, gpus(1)))
-        events = await until(bus, lambda e: len(decisions(e)) == 8)
+        events = await log_until(bus, lambda e: len(decisions(e)) == 8)
     results = decisions(events)
     assert sorted(e.uid for e in results) == sorted({e.uid for e in results})  # type: ignore[attr-defined]
     devices = [d.device for e in results if isinstance(e, ClaimAllocated) for d in e.devices]
@@ -74,11 +74,11 @@ async def test_a_release_logged_while_no_allocator_ran_still_destroys_the_claims
     await bus.publish(inventory("dgx-h100", "node-1"))
     async with allocator(bus, nats_server.url):
         await bus.publish(request(1, mig("1g.10gb")))
-        [allocated] = decisions(await until(bus, lambda e: len(decisions(e)) == 1))
+        [allocated] = decisions(await log_until(bus, lambda e: len(decisions(e)) == 1))
     assert isinstance(allocated, ClaimAllocated)
     await bus.publish(ClaimReleased(key=allocated.uid, namespace="team", name="claim-1", uid=allocated.uid))
     async with allocator(bus, nats_server.url):
-        commands = await until(
+        commands = await log_until(
             bus,
             lambda events: any(isinstance(e, PartitionRequested) and e.action == "destroy" for e in events),
             NODES_STREAM,
@@ -100,8 +100,8 @@ async def test_bad_claims_fail_with_a_reason_and_garbage_goes_to_dead_letter(
         await bus.publish(
             request(2, {"devices": {"requests": [{"name": "g", "exactly": {"count": "many"}}]}})
         )
-        events = await until(bus, lambda e: len(decisions(e)) == 2)
-        letters = await until(bus, lambda e: len(e) == 1, DEADLETTER_STREAM)
+        events = await log_until(bus, lambda e: len(decisions(e)) == 2)
+        letters = await log_until(bus, lambda e: len(e) == 1, DEADLETTER_STREAM)
     unknown_class, invalid = decisions(events)
     assert isinstance(unknown_class, ClaimFailed) and "nope" in unknown_class.reason
     assert isinstance(invalid, ClaimFailed) and "invalid claim" in invalid.reason
@@ -122,7 +122,7 @@ async def test_a_second_allocator_waits_then_takes_over_without_deciding_twice(
     following = asyncio.create_task(run(second, settings))
     for n in range(3):
         await bus.publish(request(n, gpus(2)))
-    await until(bus, lambda e: len(decisions(e)) == 3)
+    await log_until(bus, lambda e: len(decisions(e)) == 3)
     assert not second.ready.is_set()  # a follower takes no claims
 
     first.stop.set()  # graceful stop hands the lease over at once
@@ -130,7 +130,7 @@ async def test_a_second_allocator_waits_then_takes_over_without_deciding_twice(
     await asyncio.wait_for(second.ready.wait(), 30)
     await bus.publish(request(3, gpus(2)))  # the last 2 of the 8 GPUs
     await bus.publish(request(4, gpus(1)))  # nothing left
-    events = await until(bus, lambda e: len(decisions(e)) == 5)
+    events = await log_until(bus, lambda e: len(decisions(e)) == 5)
     second.stop.set()
     await following
     results = decisions(events)

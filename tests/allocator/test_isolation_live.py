@@ -34,7 +34,7 @@ from tangram.events import (
 )
 from tangram.events.codec import encode
 from tangram.local.natsserver import NatsServer
-from tests.allocation.machines import DOMAIN, request
+from tests.allocation.machines import request
 from tests.allocation.tenants import (
     CEL_RUNTIME_ERRORS,
     HOSTILE_CONFIGS,
@@ -46,8 +46,9 @@ from tests.allocation.tenants import (
     selector_claim,
     whole,
 )
+from tests.support.driver import DRIVER
 
-from .helpers import allocator, decisions, log, until
+from .helpers import allocator, decisions, log, log_until
 
 # After the trace, a claim every run can place: once it is decided, everything before it was.
 LAST = whole(99, 1)
@@ -119,7 +120,7 @@ async def decide_live(steps: Sequence[Step]) -> Outcome:
                     await _publish(bus, event)
                 # claims are decided in the order they were sent
                 decided = decisions(
-                    await until(bus, lambda e: any(d.uid == LAST.uid for d in decisions(e)))  # type: ignore[attr-defined]
+                    await log_until(bus, lambda e: any(d.uid == LAST.uid for d in decisions(e)))  # type: ignore[attr-defined]
                 )
             commands = [e for e in await log(bus, NODES_STREAM) if isinstance(e, PartitionRequested)]
             letters = await log(bus, DEADLETTER_STREAM)
@@ -173,7 +174,7 @@ def every_hostile_kind() -> list[Step]:
         spec = {
             "devices": {
                 "requests": [request(count=2)],
-                "config": [{"requests": ["gpus"], "opaque": {"driver": DOMAIN, "parameters": config}}],
+                "config": [{"requests": ["gpus"], "opaque": {"driver": DRIVER, "parameters": config}}],
             }
         }
         claims.append(hostile(len(claims), spec))

@@ -12,7 +12,7 @@ from tangram.bus.deadletters import PREFIX_BYTES
 from tangram.events import CLAIMS_STREAM, DEADLETTER_STREAM, INVENTORY_STREAM, ClaimAllocated, DeadLetter
 from tangram.local.natsserver import NatsServer
 
-from .helpers import allocator, decisions, gpus, inventory, request, until
+from .helpers import allocator, decisions, gpus, inventory, log_until, request
 
 DEPTH = 1000
 INVENTORY = INVENTORY_STREAM
@@ -37,7 +37,7 @@ def skipped(stream: str, why: str) -> float:
 
 
 async def letters(bus: Bus, count: int) -> list[DeadLetter]:
-    found = await until(bus, lambda e: len(e) >= count, DEADLETTER_STREAM)
+    found = await log_until(bus, lambda e: len(e) >= count, DEADLETTER_STREAM)
     assert all(isinstance(e, DeadLetter) for e in found)
     return sorted(found, key=lambda e: e.original_sequence)  # type: ignore[attr-defined]
 
@@ -69,12 +69,12 @@ async def test_deep_and_oversized_messages_are_dead_lettered_and_the_allocator_g
         await bus.jetstream.publish("tangram.claim.requested.deep", deep)
         await bus.jetstream.publish("tangram.claim.requested.big", big)
         await bus.publish(request(1, gpus(2)))
-        events = await until(bus, lambda e: len(decisions(e)) == 1)
+        events = await log_until(bus, lambda e: len(decisions(e)) == 1)
         found = await letters(bus, 2)
         assert not ctx.stop.is_set()
         # Still deciding after the poison: a second claim gets the next two GPUs.
         await bus.publish(request(2, gpus(2)))
-        events = await until(bus, lambda e: len(decisions(e)) == 2)
+        events = await log_until(bus, lambda e: len(decisions(e)) == 2)
     check_letters(found, deep, big)
     first, second = decisions(events)
     assert isinstance(first, ClaimAllocated) and isinstance(second, ClaimAllocated)
@@ -100,7 +100,7 @@ async def test_poison_already_in_the_log_is_skipped_at_start_and_dead_lettered(
         # (the inventory follow dead-letters what it cannot decode instead of skipping it).
         assert skipped(CLAIMS_STREAM, "undecodable") - claims_before == 3
         assert skipped(INVENTORY, "undecodable") - inventory_before == 1
-        events = await until(bus, lambda e: len(decisions(e)) == 1)
+        events = await log_until(bus, lambda e: len(decisions(e)) == 1)
         found = await letters(bus, 3)
     followed = [letter for letter in found if letter.consumer != "allocator"]
     check_letters([letter for letter in found if letter.consumer == "allocator"], deep, big)
@@ -115,5 +115,5 @@ async def test_poison_already_in_the_log_is_skipped_at_start_and_dead_lettered(
         # A restart replays the same poison, and still starts: the claim stays decided once.
         assert skipped(CLAIMS_STREAM, "undecodable") - claims_before == 3
         await bus.publish(request(2, gpus(1)))
-        events = await until(bus, lambda e: len(decisions(e)) == 2)
+        events = await log_until(bus, lambda e: len(decisions(e)) == 2)
     assert [type(e).__name__ for e in decisions(events)] == ["ClaimAllocated", "ClaimFailed"]

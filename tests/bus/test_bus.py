@@ -22,6 +22,7 @@ from tangram.events import (
     encode,
 )
 from tangram.local.natsserver import NatsServer
+from tests.support.polling import until
 
 
 def claim(n: int) -> ClaimRequested:
@@ -323,18 +324,13 @@ async def test_keyed_consumer_keeps_order_per_key_and_runs_keys_concurrently(bus
         )
     )
     try:
-        await asyncio.wait_for(_until(lambda: len(finished) == 5), 20)
+        await until("all five handled", lambda: len(finished) == 5, 20, every=0.02)
     finally:
         stop.set()
         await task
     assert [n for n in finished if n in ("c0", "c1", "c2")] == ["c0", "c1", "c2"]
     assert [n for n in finished if n in ("c3", "c4")] == ["c3", "c4"]
     assert started.index("c3") < finished.index("c0")
-
-
-async def _until(condition: Callable[[], bool]) -> None:
-    while not condition():
-        await asyncio.sleep(0.02)
 
 
 def _forged_release() -> tuple[str, bytes]:

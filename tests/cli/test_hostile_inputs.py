@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tangram.cli import main
 from tests.machinegen import write_machine
+from tests.support.cli import tangram
 
 FLEET = "- {name: n, machine: l40s-8}\n"
 CLAIM = """
@@ -203,22 +203,12 @@ CASES = [
 ]
 
 
-def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    try:
-        code = main(argv)
-    except SystemExit as exit_:  # argparse and a few commands exit with their message
-        code = exit_.code if isinstance(exit_.code, int) else 1
-        if isinstance(exit_.code, str):
-            print(exit_.code, file=sys.stderr)
-    return code, capsys.readouterr().err
-
-
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_hostile_input_gets_one_clear_line(
     case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, err = run_main(case.argv(Files(tmp_path)), capsys)
+    code, _, err = tangram(capsys, *case.argv(Files(tmp_path)))
     assert code != 0
     assert "Traceback" not in err and "unexpected error" not in err
     assert case.message in err

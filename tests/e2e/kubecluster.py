@@ -20,9 +20,9 @@ from tangram.local.kubelet import NodeKubelet
 from tangram.local.processes import LocalCluster, SimNode
 from tangram.partitioning import MigExecutor
 from tests.partitioner.helpers import MINORS, sim
+from tests.support.driver import DRIVER
 from tests.support.polling import until
 
-DRIVER = "gpu.tangram.dev"
 MACHINE = "hgx-h200"
 WAIT_S = 120.0
 # GPU 0 of the simulated HGX H200 starts with two MIG instances Kubernetes knows nothing of: the

@@ -36,9 +36,9 @@ from tangram.kubelet.proto import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
+from tests.support.driver import DRIVER
 
 NODE = "node-a"
-DRIVER = "gpu.tangram.dev"
 GPU0 = "GPU-00000000-1111-2222-3333-444444444444"
 GPU1 = "GPU-55555555-6666-7777-8888-999999999999"
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "libs" / "tangram" / "cdi" / "schema"

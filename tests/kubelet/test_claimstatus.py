@@ -10,8 +10,8 @@ from tangram.cdi.devices import ClaimRef
 from tangram.dra import node_devices
 from tangram.kubelet.claimstatus import ClaimRefused, check_topology, read_allocation
 from tests.allocator.helpers import hardware
+from tests.support.driver import DRIVER
 
-DRIVER = "gpu.tangram.dev"
 NODE = "nvl"
 CLAIM = ClaimRef(namespace="ml", name="tp", uid="0b5d0000-0000-4000-8000-000000000001")
 HW = hardware("h100-nvl-4x2", NODE)  # NVLink bridges join GPUs 0-1, 2-3, 4-5, 6-7 at 600 GB/s

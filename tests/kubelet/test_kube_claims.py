@@ -31,9 +31,9 @@ from tangram.service import ServiceContext
 from tests.kubelet.fakes import TestKubelet
 from tests.kubernetes.api.apiserver import LocalApiServer
 from tests.partitioner.helpers import MINORS, sim
+from tests.support.driver import DRIVER
 
 NODE = "node-k"
-DRIVER = "gpu.tangram.dev"
 MACHINE = "hgx-h200"  # GPU 0 in MIG mode with instances at slices 0 and 4; GPUs 1-7 whole
 MIG_DEVICE = "gpu-1-mig-1g-18gb-0"  # a 1g.18gb placement at slice 0 of GPU 1, not made yet
 

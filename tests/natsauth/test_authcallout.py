@@ -25,7 +25,6 @@ import nats.js.errors
 import pytest
 import yaml
 from kubernetes_asyncio.client import AuthenticationV1Api, CoreV1Api
-from nats.aio.client import Client as NatsClient
 
 from services.authcallout import Refused, TokenReviewer
 from services.authcallout.identity import NODE_NAME, POD_NAME
@@ -43,6 +42,8 @@ from tangram.natsauth.permissions import (
     node_user,
     render_callout_authorization,
 )
+from tests.support.polling import until
+from tests.support.refusals import RefusalRecorder
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.controlplane]
 
@@ -192,7 +193,9 @@ async def fleet(
         log_path,
     )
     try:
-        await _until(lambda: "answering on" in log_path.read_text(), "the callout starts", callout)
+        await until(
+            "the callout starts", lambda: "answering on" in log_path.read_text(), WAIT_S, process=callout
+        )
         port = int(log_path.read_text().split("health on port ")[1].split()[0])
         deadline = asyncio.get_running_loop().time() + WAIT_S
         while not await _ready(port):
@@ -237,62 +240,15 @@ async def _ready(port: int) -> bool:
         return False
 
 
-async def _until(check: Any, what: str, process: subprocess.Popen[bytes] | None = None) -> None:
-    deadline = asyncio.get_running_loop().time() + WAIT_S
-    while not check():
-        if process is not None and process.poll() is not None:
-            raise AssertionError(f"exited ({process.returncode}) before: {what}")
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"not within {WAIT_S}s: {what}")
-        await asyncio.sleep(0.1)
-
-
-@dataclass
-class Connection:
-    nc: NatsClient
-    errors: list[str] = field(default_factory=list)
-    arrived: asyncio.Condition = field(default_factory=asyncio.Condition)
-
-    async def record(self, exc: Exception) -> None:
-        async with self.arrived:
-            self.errors.append(str(exc))
-            self.arrived.notify_all()
-
-    async def refused(self, subject: str) -> bool:
-        await self.nc.publish(subject, b"{}")
-        await self.nc.flush(timeout=5)
-        async with self.arrived:
-            try:
-                await asyncio.wait_for(
-                    self.arrived.wait_for(
-                        lambda: any(f'"{subject.lower()}"' in e.lower() for e in self.errors)
-                    ),
-                    WAIT_S,
-                )
-            except TimeoutError:
-                return False
-        return True
-
-
-async def connect_with(fleet: Fleet, token: str, *, user: str | None = None, prefix: str = "x") -> Connection:
-    connection = Connection(nc=NatsClient())
+async def connect_with(
+    fleet: Fleet, token: str, *, user: str | None = None, prefix: str = "x"
+) -> RefusalRecorder:
     options: dict[str, Any] = {"token": token}
     if user is not None:
         options = {"user": user, "password": token}
-    try:
-        await connection.nc.connect(
-            fleet.url(),
-            error_cb=connection.record,
-            allow_reconnect=False,
-            max_reconnect_attempts=0,
-            connect_timeout=10,
-            inbox_prefix=inbox(prefix),
-            **options,
-        )
-    except BaseException:
-        await connection.nc.close()
-        raise
-    return connection
+    return await RefusalRecorder().connect(
+        fleet.url(), max_reconnect_attempts=0, connect_timeout=10, inbox_prefix=inbox(prefix), **options
+    )
 
 
 async def refused_connection(fleet: Fleet, token: str, **kwargs: Any) -> str:
@@ -344,7 +300,9 @@ async def test_a_pod_bound_token_becomes_its_nodes_identity_and_no_other(fleet: 
     finally:
         await connection.nc.close()
     # the server names the connection by the user the callout issued (its log is read as written)
-    await _until(lambda: any("Publish Violation" in line for line in fleet.server.log), "the server logs it")
+    await until(
+        "the server logs it", lambda: any("Publish Violation" in line for line in fleet.server.log), WAIT_S
+    )
     refusals = [line for line in fleet.server.log if "Publish Violation" in line]
     assert all(f"TANGRAM/user:{user_a}" in line for line in refusals), refusals
 
@@ -407,7 +365,7 @@ async def test_tokens_that_prove_no_node_are_refused(fleet: Fleet, kube: Any) ->
     # the API server's token review sees the pod gone once its own cache does: a connection may
     # still be let in just after the delete, never once the deletion has reached the review
     assert "Authorization Violation" in await refused_once_reviewed(fleet, good)
-    await _until(lambda: refusals() > before, "the callout refused the deleted pod's token")
+    await until("the callout refused the deleted pod's token", lambda: refusals() > before, WAIT_S)
     assert "not authenticated" in log.read_text().splitlines()[-1]
 
 
@@ -537,10 +495,12 @@ async def test_a_connection_renews_its_user_with_the_rotated_token(
         token_file.write_text(await bound_token(kube, fleet.namespace, NODE_SA, second, expiration_s=610))
         assert fleet.callout_log is not None
         log = fleet.callout_log
-        await _until(
-            lambda: f"{fleet.namespace}/tangram-node-a2" in log.read_text(), "a user for the rotated token"
+        await until(
+            "a user for the rotated token",
+            lambda: f"{fleet.namespace}/tangram-node-a2" in log.read_text(),
+            WAIT_S,
         )
-        await _until(lambda: bus.nats.is_connected, "reconnected")
+        await until("reconnected", lambda: bus.nats.is_connected, WAIT_S)
         ack = await bus.jetstream.publish(f"tangram.inventory.{node_a}", b"{}", stream=INVENTORY_STREAM)
         assert ack.stream == INVENTORY_STREAM
         assert not bus.nats.is_closed

@@ -32,6 +32,7 @@ from tangram.events import (
 )
 from tangram.local.natsserver import NatsServer
 from tangram.natsauth.permissions import build_users, inbox, render_users
+from tests.support.refusals import RefusalRecorder
 
 NODE_A = "node-a"
 NODE_B = "gpu-b.lab"  # a dotted name: its user is node-gpu-b_lab, its subjects tangram.node.gpu-b_lab.*
@@ -81,45 +82,8 @@ async def admin(auth_server: AuthServer) -> AsyncIterator[Bus]:
         await bus.close()
 
 
-class Client:
-    """A plain NATS connection that records the permission errors the server sends it."""
-
-    def __init__(self, nc: NatsClient, errors: list[str], arrived: asyncio.Condition) -> None:
-        self.nc = nc
-        self.errors = errors
-        self.arrived = arrived
-
-    async def refused(self, subject: str, *, subscribe: bool = False) -> bool:
-        """Publish (or subscribe) and wait for the server's permission error naming the subject."""
-        if subscribe:
-            await self.nc.subscribe(subject)
-        else:
-            await self.nc.publish(subject, b"{}")
-        await self.nc.flush(timeout=WAIT_S)
-        async with self.arrived:
-            try:
-                await asyncio.wait_for(
-                    self.arrived.wait_for(
-                        lambda: any(f'"{subject.lower()}"' in e.lower() for e in self.errors)
-                    ),
-                    WAIT_S,
-                )
-            except TimeoutError:
-                return False
-        return True
-
-
-async def _client(auth: AuthServer, user: str) -> Client:
-    errors: list[str] = []
-    arrived = asyncio.Condition()
-
-    async def record(exc: Exception) -> None:
-        async with arrived:
-            errors.append(str(exc))
-            arrived.notify_all()
-
-    nc = await nats.connect(auth.url(user), error_cb=record, allow_reconnect=False, inbox_prefix=inbox(user))
-    return Client(nc, errors, arrived)
+async def _client(auth: AuthServer, user: str) -> RefusalRecorder:
+    return await RefusalRecorder().connect(auth.url(user), inbox_prefix=inbox(user))
 
 
 async def _stored(admin: Bus, stream: str) -> int:

@@ -7,10 +7,9 @@ import asyncio
 import shutil
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
-from nats.aio.client import Client as NatsClient
 
 from tangram.bus import Bus, BusConfig
 from tangram.bus.declarations import CLAIM_DECISION_SUBJECTS
@@ -18,6 +17,7 @@ from tangram.demo.driver import Driver, Tracker, wait_for_cluster
 from tangram.events import CLAIMS_STREAM, DEADLETTER_STREAM, DeadLetter, Event, NodeInventory
 from tangram.local.processes import LocalCluster, SimNode
 from tangram.natsauth.permissions import ADMIN_USER, ALLOCATOR_USER, inbox, node_user
+from tests.support.refusals import RefusalRecorder
 
 # node-a has 8 NVSwitch-connected H200s, node-b 4 A100s: an 8-GPU claim fits only node-a.
 NODE_A = SimNode("node-a", "hgx-h200")
@@ -87,48 +87,10 @@ async def admin(cluster: LocalCluster) -> AsyncIterator[Bus]:
         await bus.close()
 
 
-@dataclass
-class Attacker:
-    """A plain NATS connection with node-b's credentials that records what the server refuses."""
-
-    nc: NatsClient
-    errors: list[str] = field(default_factory=list)
-    arrived: asyncio.Condition = field(default_factory=asyncio.Condition)
-
-    async def record(self, exc: Exception) -> None:
-        async with self.arrived:
-            self.errors.append(str(exc))
-            self.arrived.notify_all()
-
-    async def refused(self, subject: str, *, subscribe: bool = False, payload: bytes = b"{}") -> bool:
-        """Publish (or subscribe) and wait for the server's permission error naming the subject."""
-        if subscribe:
-            await self.nc.subscribe(subject)
-        else:
-            await self.nc.publish(subject, payload)
-        await self.nc.flush(timeout=5)
-        async with self.arrived:
-            try:
-                await asyncio.wait_for(
-                    self.arrived.wait_for(
-                        lambda: any(f'"{subject.lower()}"' in e.lower() for e in self.errors)
-                    ),
-                    5,
-                )
-            except TimeoutError:
-                return False
-        return True
-
-
 @pytest.fixture
-async def attacker(cluster: LocalCluster) -> AsyncIterator[Attacker]:
-    attacker = Attacker(nc=NatsClient())
-    await attacker.nc.connect(
-        cluster.url_for(USER_B),
-        error_cb=attacker.record,
-        allow_reconnect=False,
-        inbox_prefix=inbox(USER_B),
-    )
+async def attacker(cluster: LocalCluster) -> AsyncIterator[RefusalRecorder]:
+    """A plain NATS connection with node-b's credentials."""
+    attacker = await RefusalRecorder().connect(cluster.url_for(USER_B), inbox_prefix=inbox(USER_B))
     try:
         yield attacker
     finally:

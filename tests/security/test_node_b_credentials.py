@@ -40,12 +40,12 @@ from tangram.local.processes import LocalCluster, SimNode
 from tangram.partitioning import MigExecutor
 from tests.events.samples import HARDWARE
 from tests.partitioner.helpers import MINORS, sim
+from tests.support.refusals import RefusalRecorder
 
 from .conftest import (
     NODE_A,
     NODE_B,
     USER_B,
-    Attacker,
     ClaimSource,
     dead_letters,
     eventually_dead_lettered,
@@ -97,7 +97,7 @@ async def test_every_service_runs_claims_to_cdi_ready_under_the_generated_permis
 
 
 async def test_release_on_own_inventory_subject_frees_nothing(
-    cluster: LocalCluster, source: ClaimSource, attacker: Attacker, admin: Bus
+    cluster: LocalCluster, source: ClaimSource, attacker: RefusalRecorder, admin: Bus
 ) -> None:
     victim = await _hold_node_a(source, "release-forged")
     forged = ClaimReleased(key=victim.uid, namespace="victims", name="release-forged", uid=victim.uid)
@@ -119,7 +119,7 @@ async def test_release_on_own_inventory_subject_frees_nothing(
 @pytest.mark.parametrize("durable", ["allocator", "allocator-partition-results", "partitioner-node-a"])
 @pytest.mark.parametrize("form", ["filtered", "named", "legacy durable", "anonymous"])
 async def test_consumer_hijack_of_another_roles_durable_is_refused(
-    attacker: Attacker, admin: Bus, durable: str, form: str
+    attacker: RefusalRecorder, admin: Bus, durable: str, form: str
 ) -> None:
     stream = "TANGRAM_NODES" if durable != "allocator" else "TANGRAM_CLAIMS"
     own_filter = f"tangram.node.{NODE_B.name}.partition.*"
@@ -149,7 +149,7 @@ async def test_consumer_hijack_of_another_roles_durable_is_refused(
 
 
 async def test_inventory_naming_node_a_on_node_b_subject_is_refused(
-    source: ClaimSource, attacker: Attacker, admin: Bus
+    source: ClaimSource, attacker: RefusalRecorder, admin: Bus
 ) -> None:
     real = source.tracker.inventories[NODE_A.name]
     # node-a with no GPUs at all: believed, it would empty node-a for every later decision.
@@ -169,7 +169,7 @@ async def test_inventory_naming_node_a_on_node_b_subject_is_refused(
 
 
 async def test_partition_failed_from_node_b_for_node_a_claim_fails_nothing(
-    source: ClaimSource, attacker: Attacker, admin: Bus
+    source: ClaimSource, attacker: RefusalRecorder, admin: Bus
 ) -> None:
     victim = await source.driver.submit(DemoClaim("victims", "mig-victim", mig("3g.71gb")))
     assert victim is not None and victim.node == NODE_A.name, source.driver.reasons
@@ -207,7 +207,7 @@ async def test_partition_failed_from_node_b_for_node_a_claim_fails_nothing(
     await source.driver.release(victim)
 
 
-async def test_node_inventory_on_a_claim_subject_is_refused(attacker: Attacker, admin: Bus) -> None:
+async def test_node_inventory_on_a_claim_subject_is_refused(attacker: RefusalRecorder, admin: Bus) -> None:
     forged = NodeInventory(key="ghost", hardware=msgspec.structs.replace(HARDWARE, node="ghost"))
     subject = "tangram.claim.requested.ghost"
     before = (await admin.jetstream.stream_info(CLAIMS_STREAM)).state.messages
@@ -221,15 +221,8 @@ async def test_node_inventory_on_a_claim_subject_is_refused(attacker: Attacker, 
 async def test_reading_other_users_replies_is_refused_and_reads_nothing(
     cluster: LocalCluster, source: ClaimSource, subject: str
 ) -> None:
-    snooper = NatsClient()
-    errors: list[str] = []
-
-    async def record(exc: Exception) -> None:
-        errors.append(str(exc))
-
-    await snooper.connect(
-        cluster.url_for(USER_B), error_cb=record, allow_reconnect=False, inbox_prefix="_INBOX_x"
-    )
+    recorder = await RefusalRecorder().connect(cluster.url_for(USER_B), inbox_prefix="_INBOX_x")
+    snooper, errors = recorder.nc, recorder.errors
     try:
         sub = await snooper.subscribe(subject)
         await snooper.flush(timeout=5)
@@ -256,7 +249,7 @@ def _whole_a100() -> DemoClaim:
 
 
 async def test_garbage_on_own_inventory_subject_keeps_the_last_good_inventory(
-    source: ClaimSource, attacker: Attacker, admin: Bus
+    source: ClaimSource, attacker: RefusalRecorder, admin: Bus
 ) -> None:
     subject = f"tangram.inventory.{NODE_B.name}"
     garbage = b"\x00 not an inventory {"
@@ -315,7 +308,7 @@ async def test_wrong_password_is_refused(cluster: LocalCluster) -> None:
         "$KV.tangram-leader.allocator",  # the leader lease
     ],
 )
-async def test_node_b_is_refused_what_is_not_its_own(attacker: Attacker, subject: str) -> None:
+async def test_node_b_is_refused_what_is_not_its_own(attacker: RefusalRecorder, subject: str) -> None:
     assert await attacker.refused(subject)
 
 
@@ -335,7 +328,7 @@ async def _node_b_result(admin: Bus, command_id: str, timeout_s: float = 30.0) -
 
 
 async def test_node_b_commanding_its_own_partitioner_cannot_destroy_a_live_claims_instance(
-    source: ClaimSource, attacker: Attacker, admin: Bus, cluster: LocalCluster
+    source: ClaimSource, attacker: RefusalRecorder, admin: Bus, cluster: LocalCluster
 ) -> None:
     """A node may command its own partitioner (for claims kube-scheduler allocated), which its
     NVML access allows anyway; the partitioner still will not destroy what a live claim holds."""
@@ -369,7 +362,7 @@ async def test_node_b_commanding_its_own_partitioner_cannot_destroy_a_live_claim
 
 
 async def test_a_command_on_node_b_subject_naming_node_a_is_dead_lettered(
-    attacker: Attacker, admin: Bus
+    attacker: RefusalRecorder, admin: Bus
 ) -> None:
     subject = f"tangram.node.{NODE_B.name}.partition.requested"
     forged = PartitionRequested(

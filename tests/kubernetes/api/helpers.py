@@ -11,6 +11,7 @@ from tangram.dra import node_devices
 from tangram.kubernetes.objects import K8sVersion, render_slices
 from tangram.nvml import SimNvml
 from tangram.nvml.inventory import read_node_hardware
+from tests.support.driver import DRIVER
 
 NODE = "gpu-node.example.com"
 
@@ -29,9 +30,6 @@ def write_kubeconfig(path: Path, server: str) -> Path:
         )
     )
     return path
-
-
-DRIVER = "gpu.tangram.dev"
 
 
 def simulated(machine: str, state_file: Path) -> SimNvml:

@@ -12,7 +12,8 @@ from kubernetes_asyncio.watch import Watch
 
 from tangram.kubernetes.api import KubeApiError, KubeConfigError, call, connect
 from tests.kubernetes.api.apiserver import LocalApiServer
-from tests.kubernetes.api.helpers import DRIVER, write_kubeconfig
+from tests.kubernetes.api.helpers import write_kubeconfig
+from tests.support.driver import DRIVER
 
 
 def slice_object(node: str, index: int = 0, *, labels: dict[str, str] | None = None) -> dict[str, Any]:

@@ -22,7 +22,8 @@ from tangram.hardware.machines import list_machines
 from tangram.kubernetes.api import KubeApiError, call
 from tangram.kubernetes.objects import render_slices
 from tangram.nvml.inventory import read_node_hardware
-from tests.kubernetes.api.helpers import DRIVER, simulated
+from tests.kubernetes.api.helpers import simulated
+from tests.support.driver import DRIVER
 
 # the first test to use a control plane also pays for starting it (a minute or more on a loaded
 # machine), inside its own timeout

@@ -22,7 +22,8 @@ from tangram.kubernetes.api import SlicePublisher, call
 from tangram.kubernetes.api.layout import detect_layout
 from tangram.local.controlplane import ControlPlane, register_node
 from tangram.nvml.inventory import read_node_hardware
-from tests.kubernetes.api.helpers import DRIVER, machine_slices, simulated
+from tests.kubernetes.api.helpers import machine_slices, simulated
+from tests.support.driver import DRIVER
 from tests.support.polling import until
 
 # the first test to use a control plane also pays for starting it (a minute or more on a loaded

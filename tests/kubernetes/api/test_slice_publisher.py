@@ -11,7 +11,8 @@ import pytest
 from tangram.kubernetes.api import SPEC_HASH_ANNOTATION, SliceInputError, SlicePublisher
 from tangram.nvml import SimNvml
 from tests.kubernetes.api.apiserver import LocalApiServer
-from tests.kubernetes.api.helpers import DRIVER, machine_slices, simulated
+from tests.kubernetes.api.helpers import machine_slices, simulated
+from tests.support.driver import DRIVER
 
 NODE = "gpu-node-1"
 

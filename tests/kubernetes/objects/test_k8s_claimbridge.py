@@ -24,8 +24,8 @@ from tangram.kubernetes.objects.classes import is_tangram_class
 from tangram.kubernetes.objects.deviceclasses import load_shipped_device_classes
 from tangram.kubernetes.objects.names import SCHEDULING_GATE
 from tests.allocator.helpers import inventory
+from tests.support.driver import DRIVER
 
-DRIVER = "gpu.tangram.dev"
 SHIPPED = {m["metadata"]["name"]: m for m in load_shipped_device_classes()}
 UID = "0a1b2c3d-0000-4000-8000-000000000001"
 

@@ -2,8 +2,7 @@
 
 from tangram.dra import node_devices, untainted_only, whole_devices_only
 from tests.kubernetes.objects.k8s_nodes import h100_node, l40s_node
-
-DRIVER = "gpu.tangram.dev"
+from tests.support.driver import DRIVER
 
 
 def test_whole_gpus_and_existing_instances_only_without_counters() -> None:

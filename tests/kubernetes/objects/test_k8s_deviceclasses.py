@@ -10,9 +10,9 @@ from tangram.kubernetes.objects import load_shipped_device_classes, render_slice
 from tangram.kubernetes.objects.deviceclasses import shipped_manifest_paths
 from tests.kubernetes.objects.k8s_nodes import h100_node
 from tests.kubernetes.objects.k8s_schema import validate_strictly
+from tests.support.driver import DRIVER
 
 REPO = Path(__file__).resolve().parents[3]
-DRIVER = "gpu.tangram.dev"
 
 
 def test_shipped_classes_are_the_two_tangram_classes() -> None:

@@ -4,16 +4,14 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from tangram.cli import main
 from tangram.events import NodeInventory, decode
 from tangram.nvml import open_backend
 from tests.kubernetes.objects.k8s_schema import validate_strictly
+from tests.support.cli import Ran, tangram
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    status = main(["discover", *argv])
-    out, err = capsys.readouterr()
-    return status, out, err
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> Ran:
+    return tangram(capsys, "discover", *argv)
 
 
 def test_inventory_of_a_simulated_machine(capsys: pytest.CaptureFixture[str]) -> None:
@@ -127,7 +125,6 @@ def test_real_without_a_driver_says_so(
 
 
 def test_sim_and_real_are_exclusive(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        main(["discover", "--sim", "dgx-h100", "--real"])
-    assert exit_info.value.code == 2
-    assert "not allowed with argument" in capsys.readouterr().err
+    status, _, err = run(capsys, "--sim", "dgx-h100", "--real")
+    assert status == 2
+    assert "not allowed with argument" in err

@@ -11,8 +11,8 @@ from tangram.kubernetes.objects import check_limits, render_slices
 from tangram.nvml import open_backend
 from tangram.nvml.inventory import read_node_hardware
 from tests.kubernetes.objects.k8s_schema import validate_strictly
+from tests.support.driver import DRIVER
 
-DRIVER = "gpu.tangram.dev"
 VERSIONS = ["1.34", "1.35", "1.36"]
 SLICE_COUNTERS = {"memory-slice-0", "memory-slice-1"}  # present in every MIG counter set
 

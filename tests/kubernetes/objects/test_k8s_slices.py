@@ -16,8 +16,8 @@ from tests.kubernetes.objects.k8s_nodes import (
     l40s_node,
 )
 from tests.kubernetes.objects.k8s_schema import validate_strictly
+from tests.support.driver import DRIVER
 
-DRIVER = "gpu.tangram.dev"
 VERSIONS = ["1.34", "1.35", "1.36"]
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 ALL_H100_COUNTERS = {
