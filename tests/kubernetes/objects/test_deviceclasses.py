@@ -8,8 +8,8 @@ import pytest
 from tangram.dra import node_devices
 from tangram.kubernetes.objects import load_shipped_device_classes, render_slices
 from tangram.kubernetes.objects.deviceclasses import shipped_manifest_paths
-from tests.kubernetes.objects.k8s_nodes import h100_node
-from tests.kubernetes.objects.k8s_schema import validate_strictly
+from tests.kubernetes.objects.nodes import h100_node
+from tests.kubernetes.objects.schema import validate_strictly
 from tests.support.driver import DRIVER
 
 REPO = Path(__file__).resolve().parents[3]

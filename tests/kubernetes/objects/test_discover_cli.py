@@ -6,7 +6,7 @@ import pytest
 
 from tangram.events import NodeInventory, decode
 from tangram.nvml import open_backend
-from tests.kubernetes.objects.k8s_schema import validate_strictly
+from tests.kubernetes.objects.schema import validate_strictly
 from tests.support.cli import Ran, tangram
 
 

@@ -8,14 +8,14 @@ import pytest
 from tangram.dra import CounterConsumption, CounterSet, node_devices
 from tangram.events.inventory import GpuInfo, NodeHardware
 from tangram.kubernetes.objects import SliceRenderError, check_limits, render_slices
-from tests.kubernetes.objects.k8s_nodes import (
+from tests.kubernetes.objects.nodes import (
     H100_DEVICES_PER_GPU,
     H100_PROFILES,
     a100_node,
     h100_node,
     l40s_node,
 )
-from tests.kubernetes.objects.k8s_schema import validate_strictly
+from tests.kubernetes.objects.schema import validate_strictly
 from tests.support.driver import DRIVER
 
 VERSIONS = ["1.34", "1.35", "1.36"]

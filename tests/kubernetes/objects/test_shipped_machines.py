@@ -10,7 +10,7 @@ from tangram.hardware.machines import list_machines
 from tangram.kubernetes.objects import check_limits, render_slices
 from tangram.nvml import open_backend
 from tangram.nvml.inventory import read_node_hardware
-from tests.kubernetes.objects.k8s_schema import validate_strictly
+from tests.kubernetes.objects.schema import validate_strictly
 from tests.support.driver import DRIVER
 
 VERSIONS = ["1.34", "1.35", "1.36"]

@@ -1,7 +1,7 @@
 """What a cluster without partitionable devices (or without device taints) is offered."""
 
 from tangram.dra import node_devices, untainted_only, whole_devices_only
-from tests.kubernetes.objects.k8s_nodes import h100_node, l40s_node
+from tests.kubernetes.objects.nodes import h100_node, l40s_node
 from tests.support.driver import DRIVER
 
 
