@@ -1,18 +1,25 @@
-"""Stream and consumer declarations as nats-server takes them."""
+"""Stream and consumer declarations as nats-server takes them, and declaring them on the server:
+streams, key-value buckets and durable consumers."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import nats.js.errors
 from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
     DeliverPolicy,
     DiscardPolicy,
+    KeyValueConfig,
     RetentionPolicy,
     StorageType,
     StreamConfig,
 )
 
-from tangram.bus.declarations import ConsumerSpec, StreamSpec
+from tangram.bus.connection import Link
+from tangram.bus.declarations import ConsumerSpec, KeyValueSpec, StreamSpec
+from tangram.bus.errors import BusError
 
 
 def stream_config(spec: StreamSpec, replicas: int = 1) -> StreamConfig:
@@ -62,4 +69,66 @@ def consumer_config(spec: ConsumerSpec) -> ConsumerConfig:
         filter_subject=spec.filter_subjects[0] if len(spec.filter_subjects) == 1 else None,
         max_ack_pending=spec.max_ack_pending,
         metadata=spec.metadata or None,
+    )
+
+
+def _setup_retry_s(link: Link) -> float:
+    """Declaring streams at start waits out an outage as long as a publish would: a service
+    starting while a cluster elects its leaders must not exit."""
+    return max(10.0, link.config.publish_retry_s)
+
+
+async def ensure_streams(
+    link: Link, streams: Sequence[StreamSpec], key_values: Sequence[KeyValueSpec]
+) -> None:
+    for spec in streams:
+        await ensure_stream(link, spec)
+    for bucket in key_values:
+        await ensure_key_value(link, bucket)
+
+
+async def ensure_key_value(link: Link, spec: KeyValueSpec) -> None:
+    js, retry_s = link.js, _setup_retry_s(link)
+    try:
+        await link.request(lambda: js.key_value(spec.bucket), f"bucket {spec.bucket}", retry_s=retry_s)
+    except BusError as exc:
+        if not isinstance(exc.__cause__, nats.js.errors.BucketNotFoundError | nats.js.errors.NotFoundError):
+            raise
+        config = KeyValueConfig(
+            bucket=spec.bucket,
+            description=spec.description,
+            ttl=spec.ttl_s,
+            history=1,
+            replicas=link.config.stream_replicas,
+        )
+        await link.request(
+            lambda: js.create_key_value(config), f"create bucket {spec.bucket}", retry_s=retry_s
+        )
+
+
+async def ensure_stream(link: Link, spec: StreamSpec) -> None:
+    """Create the stream, or update it when it differs from the table.
+
+    A stream already as declared is left alone: with NATS permissions, only an admin user may
+    manage streams, and every service calls this at start.
+    """
+    js, retry_s = link.js, _setup_retry_s(link)
+    config = stream_config(spec, link.config.stream_replicas)
+    try:
+        info = await link.request(
+            lambda: js.stream_info(spec.name), f"stream info {spec.name}", retry_s=retry_s
+        )
+    except BusError as exc:
+        if not isinstance(exc.__cause__, nats.js.errors.NotFoundError):
+            raise
+        await link.request(lambda: js.add_stream(config), f"create stream {spec.name}", retry_s=retry_s)
+        return
+    if stream_shape(info.config) != stream_shape(config):
+        await link.request(lambda: js.update_stream(config), f"update stream {spec.name}", retry_s=retry_s)
+
+
+async def ensure_consumer(link: Link, spec: ConsumerSpec) -> None:
+    config = consumer_config(spec)
+    await link.request(
+        lambda: link.js.add_consumer(spec.stream, config), f"consumer {spec.durable}", retry_s=10
     )

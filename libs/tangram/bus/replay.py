@@ -1,0 +1,220 @@
+"""Reading a stream's history: replays up to the end as of the call, watching a subject's values,
+and the last value of each subject. Nothing is acked or left behind on the server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from datetime import datetime
+from functools import partial
+
+import nats.js.errors
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RawStreamMsg
+
+from tangram.bus.connection import Link
+from tangram.bus.errors import BusError
+from tangram.bus.follow import PositionHook
+from tangram.bus.lanes import delivery_position
+from tangram.bus.metrics import SKIPPED
+from tangram.events import Event, EventDecodeError, admission, decode
+
+log = logging.getLogger("tangram.bus")
+
+
+async def replay(
+    link: Link,
+    stream: str,
+    *,
+    start_seq: int | None = None,
+    start_time: datetime | None = None,
+    subjects: Sequence[str] = (),
+) -> AsyncIterator[tuple[int, Event]]:
+    """Events of `stream` in stream order, from a sequence or a time, up to the end as of the call.
+
+    Undecodable messages are logged and skipped: a replay reads history, it does not judge it.
+    """
+    async for sequence, msg in replay_messages(
+        link, stream, start_seq=start_seq, start_time=start_time, subjects=subjects
+    ):
+        try:
+            event = decode(msg.data)
+        except EventDecodeError as exc:
+            _skipped(stream, "undecodable", msg.subject, sequence, exc)
+            continue
+        # A rebuild believes what a live reader would: the live path dead-lettered it.
+        refused = admission(msg.subject, event)
+        if refused is not None:
+            _skipped(stream, "wrong-subject", msg.subject, sequence, ValueError(refused))
+            continue
+        yield sequence, event
+
+
+async def replay_messages(
+    link: Link,
+    stream: str,
+    *,
+    start_seq: int | None = None,
+    start_time: datetime | None = None,
+    subjects: Sequence[str] = (),
+) -> AsyncIterator[tuple[int, Msg]]:
+    """The stored messages of `stream` as they are (subject, bytes, headers), in stream order.
+
+    A push consumer delivers to a private inbox with flow control: several times faster than
+    pulling, which matters when a service rebuilds its state from the whole log at start.
+    """
+    nc, js = link.nc, link.js
+    info = await link.request(lambda: js.stream_info(stream), f"stream info {stream}", retry_s=10)
+    last_seq = info.state.last_seq
+    if last_seq == 0 or not info.state.messages or (start_seq is not None and start_seq > last_seq):
+        return
+    inbox = nc.new_inbox()
+    # Delivered messages land in a list that the reader swaps out whole: a queue operation per
+    # message would cost more than the rest of the replay.
+    arrived: list[Msg] = []
+    more = asyncio.Event()
+
+    async def deliver(msg: Msg) -> None:
+        if not msg.data and msg.headers and msg.headers.get("Status") == "100":
+            if msg.reply:  # flow control asks for an answer; idle heartbeats do not
+                await nc.publish(msg.reply, b"")
+            return
+        arrived.append(msg)
+        more.set()
+
+    sub = await nc.subscribe(inbox, cb=deliver)
+    config = ConsumerConfig(
+        name=link.consumer_name(),
+        deliver_subject=inbox,
+        ack_policy=AckPolicy.NONE,
+        deliver_policy=(
+            DeliverPolicy.BY_START_TIME if start_time is not None else DeliverPolicy.BY_START_SEQUENCE
+        ),
+        opt_start_seq=None if start_time is not None else (start_seq or 1),
+        opt_start_time=start_time,
+        filter_subjects=list(subjects) if len(subjects) > 1 else None,
+        filter_subject=subjects[0] if len(subjects) == 1 else None,
+        flow_control=True,
+        idle_heartbeat=5.0,
+        inactive_threshold=30.0,
+        mem_storage=True,
+    )
+    consumer = None
+    try:
+        consumer = await link.request(
+            lambda: js.add_consumer(stream, config), f"replay consumer on {stream}", retry_s=10
+        )
+        # An unfiltered replay ends at the last sequence the stream's leader reported. The
+        # consumer may be placed on a replica still catching up (a server just restarted): its
+        # own count of what is pending would end the replay early, missing the newest events.
+        whole = not subjects and start_time is None
+        if consumer.num_pending == 0 and not whole:
+            return
+        while True:
+            if not arrived:
+                more.clear()
+                try:
+                    await asyncio.wait_for(more.wait(), 30.0)
+                except TimeoutError as exc:
+                    raise BusError(f"replay of {stream} stalled: nothing delivered for 30 s") from exc
+            batch, arrived[:] = list(arrived), []
+            for msg in batch:
+                sequence, pending = delivery_position(msg)
+                if sequence > last_seq:
+                    return
+                yield sequence, msg
+                if sequence >= last_seq or (pending == 0 and not whole):
+                    return
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+        if consumer is not None:
+            with contextlib.suppress(Exception):
+                await js.delete_consumer(stream, consumer.name)
+
+
+async def watch_messages(
+    link: Link, stream: str, subjects: str, each: Callable[[Msg], None]
+) -> Callable[[], Awaitable[None]]:
+    """Every message stored on `subjects`, from the stream's start and then as stored, to `each`.
+
+    An ordered consumer: nothing is acked or left on the server. For a last-value stream this
+    keeps the values that later ones replace. Returns the function that stops watching.
+    """
+
+    async def deliver(msg: Msg) -> None:
+        each(msg)
+
+    sub = await link.request(
+        lambda: link.js.subscribe(
+            subjects, stream=stream, cb=deliver, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
+        ),
+        f"watch {subjects}",
+        retry_s=10,
+    )
+    return sub.unsubscribe
+
+
+async def last_per_subject(link: Link, stream: str) -> list[RawStreamMsg]:
+    """The last message stored on each subject of `stream`, by sequence.
+
+    For a last-value stream, read subject by subject: a replay from the first sequence can
+    miss a subject whose value is replaced while the replay runs.
+    """
+    js = link.js
+    info = await link.request(
+        lambda: js.stream_info(stream, subjects_filter=">"), f"stream info {stream}", retry_s=10
+    )
+    found: list[RawStreamMsg] = []
+    for subject in sorted(info.state.subjects or {}):
+        try:
+            read = partial(js.get_last_msg, stream, subject)
+            found.append(await link.request(read, f"last message on {subject}", retry_s=10))
+        except BusError as exc:
+            # Gone since the stream told its subjects (purged, or aged out): nothing to read.
+            if not isinstance(exc.__cause__, nats.js.errors.NotFoundError):
+                raise
+    return sorted(found, key=lambda msg: msg.seq or 0)
+
+
+async def replay_into(
+    link: Link,
+    sources: Sequence[tuple[str, Sequence[str]]],
+    each: Callable[[Event], object],
+    *,
+    on_position: PositionHook | None = None,
+) -> int:
+    """Replay each (stream, subjects) in turn into `each`; returns how many events it saw.
+
+    An event `each` raises on is reported and skipped: a start-up that stops at one bad event
+    of the log would stop at it again on every restart.
+    """
+    count = 0
+    for stream, subjects in sources:
+        async for sequence, event in replay(link, stream, subjects=subjects):
+            if on_position is not None:
+                on_position(stream, sequence)
+            try:
+                each(event)
+            except Exception as exc:
+                _skipped(stream, "refused", event.subject, sequence, exc)
+            count += 1
+    return count
+
+
+def _skipped(stream: str, why: str, subject: str, sequence: int, error: BaseException) -> None:
+    """Report a message a replay or follow goes past; a durable consumer dead-letters it instead."""
+    SKIPPED.labels(stream, why).inc()
+    log.warning(
+        "skipping a message of the log",
+        extra={
+            "stream": stream,
+            "why": why,
+            "subject": subject,
+            "sequence": sequence,
+            "error": f"{type(error).__name__}: {error}"[:500],
+        },
+        exc_info=why == "refused",  # a fold that raises is a bug to find; bad bytes are not
+    )
