@@ -9,8 +9,7 @@ import json
 import shutil
 import sys
 
-from tangram.chaos import ChaosConfig, chaos
-from tangram.chaos.run import DEFAULT_NODES
+from tangram.chaos import DEFAULT_NODES, ChaosConfig, chaos
 from tangram.cli.demo import parse_nodes
 from tangram.local.natsserver import NatsServerError
 

@@ -1,0 +1,178 @@
+"""`tangram bench kubernetes`: one workload of pods with claims, decided in a real Kubernetes.
+
+Each decider gets a fresh control plane (etcd, kube-apiserver, kube-controller-manager and
+kube-scheduler of the pinned release), the same simulated nodes (Tangram's services per node,
+discovery publishing ResourceSlices) and a kubelet stand-in per node that prepares the claims of
+the pods bound to it over the real DRA socket. The workload is the allocator benchmarks' seeded
+trace (`tangram.bench.traces`): pods whose claims come from ResourceClaimTemplates (MIG 1g/2g/3g,
+whole 1/2/4/8 GPUs, the multi-GPU ones in one NVLink domain), arriving and departing at half the
+fleet's GPUs, then arriving only until they ask for `--saturation` times the fleet's GPUs.
+
+Pods are driven one at a time: a pod is created and its decision awaited (bound to a node, or
+found unplaceable), a departing pod is awaited until prepared, then deleted and awaited until its
+claim is gone, so every decision sees the capacity the trace says is free. A pod that cannot be
+placed is deleted and the trace goes on; the first one marks what the run admitted. The nodes
+start from clean machines (no MIG instance). Deciders:
+
+- `kube-scheduler`: kube-scheduler allocates the claims from the published slices;
+- `tangram`: the allocator, started in its Kubernetes mode, decides the claims of pods that carry
+  the scheduling gate (admission adds it in a cluster; here the pods are created with it), writes
+  their `status.allocation` and lifts the gate; kube-scheduler then binds the pod to that node.
+
+What each run reports is measured the same way for both: the allocations are read back from the
+API server and laid on the nodes' hardware (`FleetState`) to count stranded GPUs and NVLink sets.
+
+The parts: `pods` (the workload and its manifests), `deciders`, `runner` (one run against a
+control plane) and `report` (a run's figures, the ratios, the table); this module is the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import secrets
+import sys
+import time
+from typing import Any
+
+from tangram.allocation import NvlinkTally
+from tangram.bench.kubernetes.deciders import (
+    DECIDERS,
+    allocator_decides_in_kubernetes,
+    kube_scheduler_decider,
+    tangram_decider,
+)
+from tangram.bench.kubernetes.pods import (
+    KUBE_MIX,
+    MACHINES,
+    RUN_LABEL,
+    fleet,
+    node_hardware,
+    pod_manifest,
+    pod_name,
+    template_manifest,
+    template_spec,
+    workload,
+)
+from tangram.bench.kubernetes.report import PlacementTally, PodRecord, ratios, run_report, table
+from tangram.bench.kubernetes.runner import run_decider
+from tangram.bench.kubesim import BenchError, control_plane
+from tangram.bench.traces import Arrival, fleet_gpus
+from tangram.kubernetes.api import KubeApiError
+from tangram.local.controlplane import ControlPlaneError
+
+__all__ = [
+    "KUBE_MIX",
+    "MACHINES",
+    "RUN_LABEL",
+    "BenchError",
+    "NvlinkTally",
+    "PlacementTally",
+    "PodRecord",
+    "add_arguments",
+    "allocator_decides_in_kubernetes",
+    "bench",
+    "deciders_of",
+    "fleet",
+    "kube_scheduler_decider",
+    "node_hardware",
+    "pod_manifest",
+    "pod_name",
+    "ratios",
+    "run",
+    "run_decider",
+    "run_report",
+    "table",
+    "tangram_decider",
+    "template_manifest",
+    "template_spec",
+    "workload",
+]
+
+MAX_NODES = 16  # each node is three service processes on this machine
+MAX_PODS = 10_000
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--nodes", type=int, default=2, help=f"simulated nodes, cycling {', '.join(MACHINES)}"
+    )
+    parser.add_argument(
+        "--pods", type=int, default=100, help="pods that arrive while others depart (the churn)"
+    )
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--saturation",
+        type=float,
+        default=1.3,
+        help="after the churn, pods arrive until they ask for this many times the fleet's GPUs",
+    )
+    parser.add_argument(
+        "--deciders",
+        default="kube-scheduler",
+        help=f"comma-separated, run in this order: {', '.join(DECIDERS)} (default kube-scheduler)",
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+
+
+def deciders_of(text: str) -> list[str]:
+    chosen = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in DECIDERS]
+    if not chosen or unknown or len(set(chosen)) != len(chosen):
+        raise BenchError(f"--deciders: a comma-separated list of {', '.join(DECIDERS)}, each once")
+    return chosen
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    if (
+        not 1 <= args.nodes <= MAX_NODES
+        or not 0 <= args.pods <= MAX_PODS
+        or not 0.1 <= args.saturation <= 3.0
+    ):
+        raise BenchError(f"--nodes in [1, {MAX_NODES}], --pods in [0, {MAX_PODS}], --saturation in [0.1, 3]")
+    chosen = deciders_of(args.deciders)
+    if "tangram" in chosen and not allocator_decides_in_kubernetes():
+        raise BenchError(
+            "--deciders tangram: this allocator has no Kubernetes mode (services.allocator --kubernetes) yet"
+        )
+    nodes = fleet(args.nodes)
+    hardware = node_hardware(nodes)
+    capacity = fleet_gpus(hardware)
+    ops = workload(args.seed, capacity, pods=args.pods, saturation=args.saturation)
+    runs: dict[str, Any] = {}
+    for name in chosen:
+        async with control_plane() as (plane, api):
+            decider = tangram_decider(plane.kubeconfig) if name == "tangram" else kube_scheduler_decider()
+            started = time.monotonic()
+            runs[name] = await run_decider(
+                api, plane.kubeconfig, nodes, ops, decider, namespace=f"bench-{secrets.token_hex(3)}"
+            )
+            runs[name]["run_s"] = round(time.monotonic() - started, 1)
+    result: dict[str, Any] = {
+        "benchmark": "kubernetes",
+        "seed": args.seed,
+        "nodes": dict(nodes),
+        "gpus": capacity,
+        "churn_pods": args.pods,
+        "saturation": args.saturation,
+        "trace_pods": sum(isinstance(op, Arrival) for op in ops),
+        "trace_deletions": sum(not isinstance(op, Arrival) for op in ops),
+        "runs": runs,
+    }
+    if "tangram" in runs and "kube-scheduler" in runs:
+        result["tangram_over_kube_scheduler"] = ratios(runs["tangram"], runs["kube-scheduler"])
+    return result
+
+
+def run(args: argparse.Namespace) -> int:
+    # The kubelet stand-ins log each prepare they retry; the report counts the pods never prepared.
+    logging.getLogger("tangram.local.kubelet").setLevel(logging.ERROR)
+    try:
+        result = asyncio.run(bench(args))
+    except (BenchError, ControlPlaneError, KubeApiError, OSError) as error:
+        print(f"tangram bench kubernetes: {' '.join(str(error).split())}", file=sys.stderr)
+        return 2
+    print(json.dumps(result) if args.json else table(result))
+    return 0
