@@ -26,12 +26,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
-from kubernetes_asyncio.client.exceptions import ApiException
-from kubernetes_asyncio.watch import Watch
 
 from tangram.kubernetes.api.client import KubeApiError, call
+from tangram.kubernetes.api.watching import list_then_watch
 
 log = logging.getLogger("tangram.kubernetes.api.slices")
 
@@ -211,70 +209,60 @@ class SlicePublisher:
     def _selector(self) -> str:
         return f"spec.nodeName={self._node},spec.driver={self._driver}"
 
-    async def watch(self, *, timeout_s: int = 300) -> None:
-        """Repair drift until cancelled: any change to the pool that is not ours triggers a sync.
+    async def watch(self, *, timeout_s: int = 300, stop: asyncio.Event | None = None) -> None:
+        """Repair drift until cancelled (or `stop` is set): any change to the pool that is not ours
+        triggers a sync.
 
-        Watches the pool (same field selector as the sync's list) from the resourceVersion of a
-        fresh list, re-listing after every watch timeout or error, so a change made while the watch
-        was down is found by the list.
+        Follows the pool (same field selector as the sync's list) with the shared list-then-watch
+        loop, so a change made while the watch was down is found by the next list.
         """
-        failures = 0
-        while True:
-            try:
-                listed = await call(
-                    f"list ResourceSlices of node {self._node}",
-                    self._api.list_resource_slice(
-                        field_selector=self._selector, _request_timeout=self._timeout
-                    ),
-                )
-                await self._repair(
-                    "listed pool differs", functools.partial(self._differs, list(listed.items))
-                )
-                async with Watch() as stream:
-                    async for event in stream.stream(
-                        self._api.list_resource_slice,
-                        field_selector=self._selector,
-                        resource_version=listed.metadata.resource_version,
-                        allow_watch_bookmarks=False,
-                        timeout_seconds=timeout_s,
-                        _request_timeout=timeout_s + self._timeout,
-                    ):
-                        failures = 0
-                        kind, item = event["type"], event["object"]
-                        if self._foreign(kind, item):
-                            # our own write may still be on its way back: decide again under the lock
-                            await self._repair(
-                                f"{kind.lower()} {item.metadata.name}",
-                                functools.partial(self._foreign, kind, item),
-                            )
-            except (KubeApiError, ApiException, aiohttp.ClientError, TimeoutError, OSError) as error:
-                failures += 1
-                delay = min(self._max_backoff_s, self._backoff_s * 2 ** (failures - 1))
-                log.warning(
-                    "ResourceSlice watch interrupted",
-                    extra={"node": self._node, "error": str(error), "retry_in_s": delay},
-                )
-                await asyncio.sleep(delay)
 
-    def _foreign(self, kind: str, item: Any) -> bool:
-        """An event about the pool that our own writes do not explain."""
+        async def relist() -> str:
+            listed = await call(
+                f"list ResourceSlices of node {self._node}",
+                self._api.list_resource_slice(field_selector=self._selector, _request_timeout=self._timeout),
+            )
+            seen = [(item.metadata.name, item.metadata.resource_version) for item in listed.items]
+            await self._repair("listed pool differs", functools.partial(self._differs, seen))
+            return str(listed.metadata.resource_version)
+
+        async def on_change(kind: str, obj: dict[str, Any]) -> None:
+            name, version = obj["metadata"].get("name"), obj["metadata"].get("resourceVersion")
+            if not isinstance(name, str) or not self._foreign(kind, name, version):
+                return
+            # our own write may still be on its way back: decide again under the lock
+            still = functools.partial(self._foreign, kind, name, version)
+            await self._repair(f"{kind.lower()} {name}", still)
+
+        await list_then_watch(
+            f"ResourceSlices of node {self._node}",
+            relist,
+            functools.partial(self._api.list_resource_slice, field_selector=self._selector),
+            on_change,
+            stop or asyncio.Event(),
+            watch_timeout_s=timeout_s,
+            request_timeout_s=self._timeout,
+        )
+
+    def _foreign(self, kind: str, name: str, resource_version: str | None) -> bool:
+        """A change to the pool that our own writes do not explain."""
         desired = self._desired
-        if desired is None or getattr(item, "metadata", None) is None:
+        if desired is None:
             return False
-        name = item.metadata.name
         ours = any(s["metadata"]["name"] == name for s in desired)
         if kind == "DELETED":
             return ours
         if kind not in ("ADDED", "MODIFIED"):
             return False
-        return not ours or self._written.get(name) != item.metadata.resource_version
+        return not ours or self._written.get(name) != resource_version
 
-    def _differs(self, items: list[Any]) -> bool:
-        present = {item.metadata.name for item in items}
+    def _differs(self, seen: list[tuple[str, str | None]]) -> bool:
+        """Whether the listed pool (name, resourceVersion of each slice) is not what we wrote."""
+        present = {name for name, _ in seen}
         missing = self._desired is not None and any(
             s["metadata"]["name"] not in present for s in self._desired
         )
-        return missing or any(self._foreign("ADDED", item) for item in items)
+        return missing or any(self._foreign("ADDED", name, version) for name, version in seen)
 
     async def _repair(self, why: str, still: Callable[[], bool]) -> None:
         async with self._lock:

@@ -1,8 +1,9 @@
 """List, then watch from the list's resourceVersion; list again whenever the watch ends.
 
 The one way Tangram follows a kind of object in the API server (the allocator's claim bridge, the
-admission webhook's gate keeper): a watch that expires, breaks or is refused ("too old resource
-version") costs a new listing after a growing delay, never the follower.
+admission webhook's gate keeper, discovery's ResourceSlice publisher): a watch that expires, breaks
+or is refused ("too old resource version") costs a new listing after a growing delay, never the
+follower.
 """
 
 from __future__ import annotations
