@@ -14,7 +14,7 @@ from tangram.bus import Bus, BusConfig
 from tangram.local.natsserver import NatsCluster, NatsServer
 
 # the real Kubernetes control plane: `controlplane`, `kube`, `unique` and friends
-pytest_plugins = ["tests.realcluster"]
+pytest_plugins = ["tests.support.controlplane"]
 
 
 @pytest.fixture

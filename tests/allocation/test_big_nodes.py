@@ -1,6 +1,6 @@
 """Nodes at the bound of 128 GPUs: decisions complete and keep their NVLink promises.
 
-The node is generated (tests/machinegen.py): GPUs 0-63 on one NVSwitch fabric, 64-127 in bridged
+The node is generated (tests/support/machinegen.py): GPUs 0-63 on one NVSwitch fabric, 64-127 in bridged
 pairs. Whether a chosen set is NVLink-connected is computed from that description, not from the
 allocator's own tables.
 """
@@ -20,8 +20,8 @@ from tangram.hardware.machines import MAX_GPUS_PER_MACHINE, parse_machine
 from tangram.nvml.inventory import read_node_hardware
 from tangram.nvml.sim.backend import SimNvml
 from tests.allocation.machines import CLASSES, claim, index_is, nvlink_config, request
-from tests.machinegen import machine
 from tests.support.fleets import gpus_of, reason_of
+from tests.support.machinegen import machine
 
 DOC = machine(MAX_GPUS_PER_MACHINE, "half", name="big")
 SWITCHED = set(DOC["nvlink"]["switch"]["gpus"])

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.machinegen import write_machine
 from tests.support.cli import tangram
+from tests.support.machinegen import write_machine
 
 FLEET = "- {name: n, machine: l40s-8}\n"
 CLAIM = """

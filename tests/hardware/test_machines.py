@@ -11,7 +11,7 @@ from tangram.hardware.machines import (
     load_machine,
     parse_machine,
 )
-from tests.machinegen import write_machine
+from tests.support.machinegen import write_machine
 
 
 def test_shipped_machines() -> None:
