@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tangram.allocation.node import NodeState
 from tangram.allocation.requests import Alternative, ClaimError
 from tangram.allocation.spec import DeviceToleration
 from tangram.cel import CelRuntimeError
@@ -104,3 +105,28 @@ class EligibilityCache:
         if len(self._entries) >= self._limit:
             self._entries.clear()
         self._entries[key] = value
+
+
+class NodeEligibility:
+    """What each request may take on each node, evaluated once per node shape (per node and
+    inventory generation for selectors that read identities) and cached."""
+
+    def __init__(self, driver: str) -> None:
+        self.driver = driver
+        self._cache = EligibilityCache()
+
+    def on(self, node: NodeState, alt: Alternative) -> Eligible:
+        key: tuple[Any, ...] = (
+            (alt.cache_key, node.name, node.generation)
+            if alt.node_scoped
+            else (alt.cache_key, node.shape.signature)
+        )
+        found = self._cache.get(key)
+        if found is None:
+            found = evaluate(alt, node.devices, self.driver)
+            self._cache.put(key, found)
+        return found
+
+    def for_claim(self, node: NodeState, alt: Alternative) -> Eligible:
+        """What the claim asking for `alt` may take on the node: raises its selector's error."""
+        return self.on(node, alt).for_claim(alt)

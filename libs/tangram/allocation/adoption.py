@@ -1,0 +1,85 @@
+"""Holding what was decided elsewhere: the allocator's own decisions read back from its log, and
+claims kube-scheduler allocated, learned when their node prepared them."""
+
+from __future__ import annotations
+
+from tangram.allocation.holdings import Holdings
+from tangram.allocation.model import Allocated
+from tangram.allocation.nodeindex import NodeIndex
+from tangram.events.catalogue import AllocatedDevice
+
+
+def adopt(nodes: NodeIndex, holdings: Holdings, decision: Allocated) -> None:
+    """Hold the decision's devices as it recorded them (FleetState.adopt)."""
+    if decision.claim_uid in holdings:
+        return
+    taken = tuple(d.device for d in decision.devices if not d.admin_access)
+    for device in decision.devices:
+        if device.partition_command and device.placement is not None and device.profile_id is not None:
+            holdings.made.add((decision.node, device.gpu_index, device.profile_id, device.placement.start))
+    holdings.hold(decision, taken)
+    node = nodes.get(decision.node)
+    if node is not None:
+        index = node.shape.index_by_name
+        node.take([index[name] for name in taken if name in index], decision.claim_uid)
+        nodes.changed(node.name)
+
+
+def adopt_prepared(
+    nodes: NodeIndex,
+    holdings: Holdings,
+    claim_uid: str,
+    node_name: str,
+    devices: list[tuple[str, str]],
+    *,
+    driver: str,
+) -> list[str]:
+    """Hold the devices of a claim allocated outside the allocator (FleetState.adopt_prepared);
+    returns the names of devices another claim already held."""
+    if claim_uid in holdings:
+        return []
+    node = nodes.get(node_name)
+    allocated: list[AllocatedDevice] = []
+    taken: list[str] = []
+    conflicts: list[str] = []
+    for request, name in devices:
+        index = node.shape.index_by_name.get(name) if node is not None else None
+        if node is None or index is None:
+            # Not advertised now: recorded, and taken when the node's inventory brings it back.
+            allocated.append(
+                AllocatedDevice(
+                    request=request,
+                    driver=driver,
+                    pool=node_name,
+                    device=name,
+                    gpu_index=-1,
+                    gpu_uuid="",
+                )
+            )
+            taken.append(name)
+            continue
+        if index in node.allocated and node.allocated[index] != claim_uid:
+            conflicts.append(name)
+            continue
+        device = node.devices[index]
+        allocated.append(
+            AllocatedDevice(
+                request=request,
+                driver=driver,
+                pool=node.pool,
+                device=name,
+                gpu_index=device.gpu_index,
+                gpu_uuid=device.gpu_uuid,
+                profile=device.profile,
+                profile_id=device.profile_id,
+                placement=device.placement,
+            )
+        )
+        taken.append(name)
+    decision = Allocated(claim_uid=claim_uid, node=node_name, devices=allocated)
+    holdings.hold(decision, tuple(taken))
+    if node is not None:
+        index_by_name = node.shape.index_by_name
+        node.take([index_by_name[n] for n in taken if n in index_by_name], claim_uid)
+        nodes.changed(node.name)
+    return conflicts
