@@ -1,0 +1,193 @@
+"""The allocator's decisions written back to the API server.
+
+An allocation is written to the claim's `status.allocation`, guarded by the claim's
+resourceVersion (re-read and retried on conflict; an allocation someone else wrote meanwhile is
+adopted instead, and so is another claim that holds a device of the decision), then the gates of
+the pods that use the claim are lifted. A failure becomes a Warning Event on the claim and its
+pods, once per reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
+
+from services.allocator.clusterview import WRITE_TRIES, ClusterView, key_of, uid_of
+from services.allocator.gates import PodGates
+from services.allocator.requester import ClaimRequester
+from tangram.allocation.ledger import Ledger
+from tangram.events import ClaimAllocated, ClaimFailed, Event
+from tangram.events.ids import derived_id
+from tangram.kubernetes.api import KubeApiError, call_json
+from tangram.kubernetes.api.events import record_event
+from tangram.kubernetes.objects.claimbridge import (
+    UNSCHEDULABLE_REASON,
+    allocation_of,
+    allocation_status,
+    claim_adopted,
+    claim_ref,
+    holds_driver,
+    same_allocation,
+    taken_by_others,
+    warning_event,
+)
+from tangram.kubernetes.objects.times import kube_time
+
+log = logging.getLogger("tangram.allocator.kubernetes")
+
+Publish = Callable[[Event], Awaitable[object]]
+COMPONENT = "tangram-allocator"
+
+
+class ClaimWriter:
+    def __init__(
+        self,
+        view: ClusterView,
+        requester: ClaimRequester,
+        gates: PodGates,
+        *,
+        resource: ResourceV1Api,
+        core: CoreV1Api,
+        ledger: Ledger,
+        publish: Publish,
+        producer: str,
+        request_timeout_s: float,
+    ) -> None:
+        self._resource = resource
+        self._core = core
+        self._view = view
+        self._ledger = ledger
+        self._requester = requester
+        self._gates = gates
+        self._publish = publish
+        self._producer = producer
+        self._timeout = request_timeout_s
+        self._adopted: set[str] = set()
+        self._warned: dict[str, str] = {}  # uid -> the failure reason last recorded as an Event
+
+    def forget_warning(self, uid: str) -> None:
+        """Released: a later failure of the claim is told again, even for the same reason."""
+        self._warned.pop(uid, None)
+
+    async def write(self, allocated: ClaimAllocated) -> None:
+        self._requester.allocated(allocated.uid)
+        self._warned.pop(allocated.uid, None)
+        claim = self._view.claims.get((allocated.namespace, allocated.name))
+        if claim is None or uid_of(claim) != allocated.uid:
+            claim = await self.read_claim(allocated.namespace, allocated.name, allocated.uid)
+            if claim is None:
+                return  # not (or no longer) in Kubernetes: its deletion releases it
+        await self.write_allocation(claim, allocation_status(allocated), allocated.uid)
+
+    async def read_claim(self, namespace: str, name: str, uid: str) -> dict[str, Any] | None:
+        try:
+            claim = await call_json(
+                f"read ResourceClaim {namespace}/{name}",
+                self._resource.read_namespaced_resource_claim(
+                    name, namespace, _preload_content=False, _request_timeout=self._timeout
+                ),
+            )
+        except KubeApiError as error:
+            if error.not_found:
+                return None
+            raise
+        return claim if uid_of(claim) == uid else None
+
+    async def write_allocation(self, claim: dict[str, Any], allocation: dict[str, Any], uid: str) -> None:
+        """status.allocation, against the claim as read; on conflict read again and retry."""
+        namespace, name = key_of(claim)
+        for _ in range(WRITE_TRIES):
+            current = allocation_of(claim)
+            if current is not None:
+                if not same_allocation(current, allocation) and uid not in self._adopted:
+                    # someone else allocated it first: theirs stands, the ledger undoes ours
+                    self._adopted.add(uid)
+                    await self._publish(claim_adopted(claim, self._view.classes, producer=self._producer))
+                break
+            taken = taken_by_others(uid, allocation, self._view.claims.values())
+            if taken:
+                # Another writer gave a device of this decision to another claim first: that
+                # allocation stands, the ledger (told by its adoption) decides this claim again.
+                log.warning(
+                    "a device of the decision is allocated to another claim; not written",
+                    extra={
+                        "claim": f"{namespace}/{name}",
+                        "taken": {device: "/".join(key_of(other)) for device, other in taken.items()},
+                    },
+                )
+                for other in taken.values():
+                    await self.adopt(other)
+                return
+            body = dict(claim)
+            body["status"] = {**(claim.get("status") or {}), "allocation": allocation}
+            try:
+                claim = await call_json(
+                    f"write the allocation of ResourceClaim {namespace}/{name}",
+                    self._resource.replace_namespaced_resource_claim_status(
+                        name, namespace, body, _preload_content=False, _request_timeout=self._timeout
+                    ),
+                )
+            except KubeApiError as error:
+                if not (error.conflict or error.not_found):
+                    raise
+                found = await self.read_claim(namespace, name, uid)
+                if found is None:
+                    return
+                claim = found
+                continue
+            log.info("claim allocation written", extra={"claim": f"{namespace}/{name}"})
+            break
+        self._view.claims[(namespace, name)] = claim
+        await self._gates.ungate_users(claim)
+
+    async def adopt(self, claim: dict[str, Any]) -> None:
+        """Tell the ledger of an allocation another writer made (once per claim)."""
+        uid = uid_of(claim)
+        allocation = allocation_of(claim) or {}
+        if uid in self._adopted or self._ours(uid, allocation) or not holds_driver(allocation):
+            return
+        self._adopted.add(uid)
+        self._requester.adopted(uid)
+        await self._publish(claim_adopted(claim, self._view.classes, producer=self._producer))
+
+    def _ours(self, uid: str, allocation: dict[str, Any]) -> bool:
+        """The allocation is the one the ledger decided (written by this allocator)."""
+        if self._ledger.decided.get(uid) != "allocated":
+            return False
+        held = self._ledger.fleet.allocation(uid)
+        return held is not None and same_allocation(allocation_status(held), allocation)
+
+    async def failed(self, failed: ClaimFailed) -> None:
+        claim = self._view.claims.get((failed.namespace, failed.name))
+        if claim is None or uid_of(claim) != failed.uid:
+            return
+        allocation = allocation_of(claim)
+        if allocation is not None and holds_driver(allocation):
+            # Failed after its allocation was written (its MIG instance could not be made): the
+            # allocation stands in the API server and the node prepares it, so the ledger holds
+            # its devices again rather than give them to another claim.
+            await self._publish(claim_adopted(claim, self._view.classes, producer=self._producer))
+        else:
+            self._requester.failed(failed.uid, failed.cause)
+        if self._warned.get(failed.uid) == failed.reason:
+            return  # asked again and failed for the same reason: said once is enough
+        self._warned[failed.uid] = failed.reason
+        now = kube_time(datetime.now(UTC))
+        suffix = derived_id(failed.uid, failed.attempt, "unschedulable")[:16]
+        users = self._gates.pods.users_of(claim_ref(claim))
+        involved = [("ResourceClaim", claim)] + [("Pod", pod) for pod in users]
+        for kind, obj in involved:
+            event = warning_event(
+                obj,
+                kind,
+                reason=UNSCHEDULABLE_REASON,
+                message=failed.reason,
+                now=now,
+                component=COMPONENT,
+                suffix=suffix,
+            )
+            await record_event(self._core, event, timeout_s=self._timeout)
