@@ -78,12 +78,12 @@ class ClaimWriter:
         self._warned.pop(allocated.uid, None)
         claim = self._view.claims.get((allocated.namespace, allocated.name))
         if claim is None or uid_of(claim) != allocated.uid:
-            claim = await self.read_claim(allocated.namespace, allocated.name, allocated.uid)
+            claim = await self.current_claim(allocated.namespace, allocated.name, allocated.uid)
             if claim is None:
                 return  # not (or no longer) in Kubernetes: its deletion releases it
         await self.write_allocation(claim, allocation_status(allocated), allocated.uid)
 
-    async def read_claim(self, namespace: str, name: str, uid: str) -> dict[str, Any] | None:
+    async def current_claim(self, namespace: str, name: str, uid: str) -> dict[str, Any] | None:
         try:
             claim = await call_json(
                 f"read ResourceClaim {namespace}/{name}",
@@ -134,7 +134,7 @@ class ClaimWriter:
             except KubeApiError as error:
                 if not (error.conflict or error.not_found):
                     raise
-                found = await self.read_claim(namespace, name, uid)
+                found = await self.current_claim(namespace, name, uid)
                 if found is None:
                     return
                 claim = found

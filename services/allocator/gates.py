@@ -41,7 +41,7 @@ class PodGates:
         self._timeout = request_timeout_s
         self.pods = PodsByClaim()
 
-    async def list_pods(self) -> str:
+    async def relist(self) -> str:
         listed = await call_json(
             "list Pods",
             self._core.list_pod_for_all_namespaces(_preload_content=False, _request_timeout=self._timeout),

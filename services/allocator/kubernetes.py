@@ -169,7 +169,7 @@ class ClaimBridge:
         follows = (
             ("classes", self._list_classes, self._resource.list_device_class, self._class_changed),
             ("claims", self._list_claims, claims_call, self._claim_changed),
-            ("pods", self._gates.list_pods, self._core.list_pod_for_all_namespaces, self._pod_seen),
+            ("pods", self._gates.relist, self._core.list_pod_for_all_namespaces, self._pod_seen),
         )
         tasks = [asyncio.create_task(self._answer(stop)), asyncio.create_task(self._asker.run(stop))]
         tasks += [asyncio.create_task(self._follow(*follow, stop)) for follow in follows]
