@@ -38,8 +38,9 @@ chromium:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 # The Kubernetes control plane the tests run (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler in one Go program, tools/controlplane/). Built once per Kubernetes version and
-# source into ~/.cache/tangram/controlplane/ (or $$XDG_CACHE_HOME); needs Go and the module proxy.
+# kube-scheduler in one Go program, tools/controlplane/), for the newest Kubernetes and the oldest
+# Tangram supports. Built once per version and source into ~/.cache/tangram/controlplane/ (or
+# $$XDG_CACHE_HOME); needs Go 1.26+ and the module proxy.
 controlplane: $(STAMP)
 	@$(BIN)/python -m tangram.local.controlplane build
 

@@ -98,7 +98,12 @@ class ClaimWriter:
         return claim if uid_of(claim) == uid else None
 
     async def write_allocation(self, claim: dict[str, Any], allocation: dict[str, Any], uid: str) -> None:
-        """status.allocation, against the claim as read; on conflict read again and retry."""
+        """status.allocation, against the claim as read; on conflict read again and retry.
+
+        Every allocation is written with the time it is written (`allocationTimestamp`): kube-scheduler
+        (1.36+) stamps one that has none when it reserves the claim, and the API server refuses that
+        change to an allocation already set, so the pod would never be bound."""
+        allocation = {"allocationTimestamp": kube_time(datetime.now(UTC)), **allocation}
         namespace, name = key_of(claim)
         for _ in range(WRITE_TRIES):
             current = allocation_of(claim)

@@ -22,12 +22,13 @@ from kubernetes_asyncio.client import CoreV1Api, V1Namespace, V1ObjectMeta
 
 from tangram.kubernetes.api import call
 from tangram.local import helm as chart
+from tangram.local.controlplane import Release
 from tests.deploy.apiserver import Refused, api_request, api_resources
 from tests.deploy.settingsenv import settings_env_vars
 
 ROOT = Path(__file__).resolve().parents[2]
 HELM_DIR = ROOT / "deploy" / "helm"
-VERSIONS = ["1.34", "1.35", "1.36"]
+VERSIONS = ["1.34", "1.35", "1.36", "1.37"]
 VALUE_SETS: dict[str, list[Path]] = {
     "default": [],
     "openshift": [HELM_DIR / "openshift-values.yaml"],
@@ -940,27 +941,32 @@ def _in_namespace(objects: list[dict[str, Any]], namespace: str) -> Iterator[dic
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("value_set", sorted(set(ALL_SETS) - {"admission-policy"}))
 async def test_the_api_server_accepts_every_object(
-    kube: Any, unique: str, helm: Path, value_set: str
+    kube: Any, release: Release, unique: str, helm: Path, value_set: str
 ) -> None:
-    await _accepts_every_object(kube, unique, helm, value_set)
+    await _accepts_every_object(kube, release, unique, helm, value_set)
 
 
 @pytest.mark.controlplane
 @pytest.mark.timeout(300)
 async def test_an_api_server_serving_admission_policies_accepts_the_policy_set(
-    kube_admission_policies: Any, unique: str, helm: Path
+    kube_admission_policies: Any, release: Release, unique: str, helm: Path
 ) -> None:
     # MutatingAdmissionPolicy is served on 1.34 only with its feature gate and runtime config
-    await _accepts_every_object(kube_admission_policies, unique, helm, "admission-policy")
+    await _accepts_every_object(kube_admission_policies, release, unique, helm, "admission-policy")
 
 
-async def _accepts_every_object(kube: Any, unique: str, helm: Path, value_set: str) -> None:
+async def _accepts_every_object(kube: Any, release: Release, unique: str, helm: Path, value_set: str) -> None:
+    """What the chart renders for the plane's Kubernetes version, applied (dry run) to it."""
     namespace = unique[-20:].strip("-")
     body = V1Namespace(metadata=V1ObjectMeta(name=namespace))
     await call(f"create Namespace {namespace}", CoreV1Api(kube).create_namespace(body))
     try:
         values, settings = _values(value_set)
-        objects = _objects(chart.template(values, settings, namespace=namespace, binary=helm))
+        objects = _objects(
+            chart.template(
+                values, settings, namespace=namespace, kube_version=f"{release.minor}.0", binary=helm
+            )
+        )
         discovered: dict[str, dict[str, Any]] = {}
         applied = []
         for obj in _in_namespace(objects, namespace):

@@ -16,7 +16,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-VERSIONS = ["1.34", "1.35", "1.36"]
+VERSIONS = ["1.34", "1.35", "1.36", "1.37"]
 OPENSHIFT_KINDS = {("security.openshift.io/v1", "SecurityContextConstraints")}
 
 

@@ -29,7 +29,7 @@ from services.admission.keeper import material_of, secret_data
 from tangram.kubernetes.api import KubeApiError, call
 from tangram.kubernetes.objects.names import SCHEDULING_GATE
 from tangram.local.clusterup import install_device_classes
-from tangram.local.controlplane import ControlPlane
+from tangram.local.controlplane import ControlPlane, Release
 from tests.deploy.apiserver import api_request
 from tests.e2e.webhook import (
     Served,
@@ -282,15 +282,17 @@ async def test_the_running_webhook_serves_a_renewed_certificate_and_restores_its
 
 
 async def test_the_policy_gates_pods_with_claims_in_opted_in_namespaces(
-    kube_admission_policies: Any, unique: str
+    kube_admission_policies: Any, release: Release, unique: str
 ) -> None:
     kube = kube_admission_policies
     core = CoreV1Api(kube)
     enabled, other = unique, f"{unique[:50]}-off"
-    rendered = objects({"admission.mode": "policy"}, enabled)
+    rendered = objects({"admission.mode": "policy"}, enabled, kube_version=f"{release.minor}.0")
     (policy,) = [o for o in rendered if o["kind"] == "MutatingAdmissionPolicy"]
     (binding,) = [o for o in rendered if o["kind"] == "MutatingAdmissionPolicyBinding"]
-    assert policy["apiVersion"] == "admissionregistration.k8s.io/v1beta1"
+    # beta (and deprecated from 1.37) before 1.36, GA after: the chart picks by the cluster's version
+    served = {"1.34": "admissionregistration.k8s.io/v1beta1", "1.37": "admissionregistration.k8s.io/v1"}
+    assert policy["apiVersion"] == served[release.minor]
     policy["metadata"]["name"] = binding["metadata"]["name"] = binding["spec"]["policyName"] = (
         f"{unique}-gate"
     )

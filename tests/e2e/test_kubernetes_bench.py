@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import dataclasses
 import secrets
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -16,7 +17,9 @@ from tangram.allocation import Allocated, Claim, FleetState
 from tangram.bench import kubernetes as kb
 from tangram.bench.traces import Arrival, shipped_classes
 from tangram.kubernetes.api import KubeApiError, call
+from tangram.kubernetes.objects.claimbridge import allocation_status
 from tangram.kubernetes.objects.names import SCHEDULING_GATE
+from tangram.kubernetes.objects.times import kube_time
 from tangram.local.controlplane import ControlPlane
 from tests.support.polling import until
 
@@ -149,20 +152,8 @@ class AllocatorStandIn:
             self.refused.add(pod.metadata.name)
             await self.warn(pod, decision.reason)
             return False
-        allocation = {
-            "devices": {
-                "results": [
-                    {"request": d.request, "driver": d.driver, "pool": d.pool, "device": d.device}
-                    for d in decision.devices
-                ],
-                "config": decision.config,
-            },
-            "nodeSelector": {
-                "nodeSelectorTerms": [
-                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [decision.node]}]}
-                ]
-            },
-        }
+        # as the allocator writes it: stamped, or a 1.36+ kube-scheduler never binds the pod
+        allocation = allocation_status(decision, allocated_at=kube_time(datetime.now(UTC)))
         await call(
             "write status.allocation",
             self.resource.patch_namespaced_resource_claim_status(

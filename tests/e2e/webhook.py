@@ -24,8 +24,10 @@ from tests.deploy.apiserver import api_request, api_resources
 from tests.support.polling import until
 
 
-def objects(settings: dict[str, str], namespace: str) -> list[dict[str, Any]]:
-    rendered = chart.template(settings=settings, namespace=namespace, binary=chart.find_binary())
+def objects(settings: dict[str, str], namespace: str, kube_version: str = "1.34.0") -> list[dict[str, Any]]:
+    rendered = chart.template(
+        settings=settings, namespace=namespace, kube_version=kube_version, binary=chart.find_binary()
+    )
     return [d for d in yaml.safe_load_all(rendered) if d]
 
 

@@ -8,12 +8,14 @@ from pathlib import Path
 import pytest
 
 from tangram.local.controlplane import (
-    KUBERNETES_VERSION,
+    NEWEST,
+    OLDEST,
     ControlPlane,
     ControlPlaneError,
     binary_path,
     find_binary,
     free_ports,
+    release,
     source_dir,
 )
 
@@ -24,20 +26,44 @@ def test_the_cache_key_follows_the_version_and_the_source(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     copy = tmp_path / "src"
     shutil.copytree(source_dir(), copy)
-    before = binary_path(copy)
+    before = binary_path(NEWEST, copy)
+    oldest = binary_path(OLDEST, copy)
     (copy / "main.go").write_text((copy / "main.go").read_text() + "\n// changed\n")
-    after = binary_path(copy)
+    after = binary_path(NEWEST, copy)
+    (copy / "k8s-v1.34.4.sum").write_text("changed\n")
+    oldest_after = binary_path(OLDEST, copy)
 
     assert before.parent.parent == tmp_path / "cache" / "tangram" / "controlplane"
-    assert before.parent.name.startswith(f"{KUBERNETES_VERSION}-") and before.name == "controlplane"
+    assert before.parent.name.startswith("v1.37.2-") and before.name == "controlplane"
+    assert oldest.parent.name.startswith("v1.34.4-")
     assert before != after and before.parent.name[:8] == after.parent.name[:8]
+    # the oldest release's own pin is part of its key, and not of the newest's
+    assert oldest_after != oldest and binary_path(NEWEST, copy) == after
+
+
+def test_a_release_is_named_by_its_version_or_its_minor() -> None:
+    assert release("1.34") is OLDEST and release("v1.37.2") is NEWEST and release("1.37.2") is NEWEST
+    with pytest.raises(
+        ControlPlaneError,
+        match=r"no control plane for Kubernetes 1\.35: the versions built are v1\.34\.4, v1\.37\.2",
+    ):
+        release("1.35")
+
+
+def test_each_release_says_what_its_dra_features_need() -> None:
+    # 1.34: partitionable devices and device taints are alpha, DeviceTaintRule served at v1alpha3
+    assert OLDEST.gates() == {"DRAPartitionableDevices": True, "DRADeviceTaints": True}
+    assert OLDEST.runtime_config(OLDEST.gates()) == "resource.k8s.io/v1alpha3=true"
+    # 1.37: on by default; partitionable devices can still be turned off
+    assert NEWEST.gates(partitionable=False) == {"DRAPartitionableDevices": False, "DRADeviceTaints": True}
+    assert NEWEST.runtime_config(NEWEST.gates()) == ""
 
 
 def test_a_missing_binary_says_how_to_build_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.delenv("TANGRAM_CONTROLPLANE", raising=False)
+    monkeypatch.delenv("TANGRAM_CONTROLPLANE_1_34", raising=False)
     with pytest.raises(ControlPlaneError, match="make controlplane"):
-        find_binary()
+        find_binary(OLDEST)
 
 
 def test_a_binary_that_dies_at_start_is_reported_with_its_log(tmp_path: Path) -> None:

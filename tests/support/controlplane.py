@@ -1,12 +1,14 @@
 """Fixtures for a real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler from the pinned release), started once per test session and shared.
+kube-scheduler from a pinned release), started once per test session and shared.
 
-Tests share a control plane, so each one uses its own names: `unique` gives a DNS-label prefix
-per test, and Nodes, namespaces and slices are named from it. Two control planes exist, started
-only when a test asks for them: `controlplane` with the feature gates the 1.34 layout needs
-(partitionable devices, device taints) and `controlplane_whole_devices` with partitionable
-devices off, as most 1.34 clusters run; `controlplane_admission_policies` serves
-MutatingAdmissionPolicy besides.
+Every test on a control plane runs once per release (`release`: the newest Kubernetes and the
+oldest Tangram supports; the test ids end in [1.34] or [1.37]); the planes are session fixtures,
+so pytest runs one release's tests together. Tests share a plane, so each one uses its own names:
+`unique` gives a DNS-label prefix per test, and Nodes, namespaces and slices are named from it.
+Three planes exist, started only when a test asks for them: `controlplane` with partitionable
+devices and device taints on (alpha gates on 1.34, defaults from 1.36),
+`controlplane_whole_devices` with partitionable devices off, as most 1.34 clusters run, and
+`controlplane_admission_policies`, which serves MutatingAdmissionPolicy besides.
 
     async def test_x(kube: Any, unique: str) -> None:
         node = await register_node(kube, f"{unique}-node")
@@ -21,38 +23,42 @@ from typing import Any
 
 import pytest
 
-from tangram.local.controlplane import (
-    PARTITIONABLE_GATES,
-    WHOLE_DEVICE_GATES,
-    ControlPlane,
-    runtime_config_for,
-)
+from tangram.local.controlplane import RELEASES, ControlPlane, Release
 
-# MutatingAdmissionPolicy is beta and off by default on 1.34: its gate, and its API version served.
-ADMISSION_POLICY_GATES = {**PARTITIONABLE_GATES, "MutatingAdmissionPolicy": True}
-ADMISSION_POLICY_RUNTIME_CONFIG = ",".join(
-    [runtime_config_for(PARTITIONABLE_GATES), "admissionregistration.k8s.io/v1beta1=true"]
-)
+
+def _admission_policy_plane(rel: Release) -> ControlPlane:
+    """MutatingAdmissionPolicy on 1.34 is beta and off by default: its gate, and
+    admissionregistration.k8s.io/v1beta1 served. From 1.36 it is GA, served at v1 by default."""
+    if not rel.dra_alpha:
+        return ControlPlane(release=rel)
+    gates = {**rel.gates(), "MutatingAdmissionPolicy": True}
+    runtime = ",".join([rel.runtime_config(gates), "admissionregistration.k8s.io/v1beta1=true"])
+    return ControlPlane(release=rel, feature_gates=gates, runtime_config=runtime)
+
+
+@pytest.fixture(scope="session", params=RELEASES, ids=[r.minor for r in RELEASES])
+def release(request: pytest.FixtureRequest) -> Release:
+    rel: Release = request.param
+    return rel
 
 
 @pytest.fixture(scope="session")
-def controlplane() -> Iterator[ControlPlane]:
-    with ControlPlane(feature_gates=PARTITIONABLE_GATES) as plane:
+def controlplane(release: Release) -> Iterator[ControlPlane]:
+    with ControlPlane(release=release) as plane:
         yield plane
 
 
 @pytest.fixture(scope="session")
-def controlplane_whole_devices() -> Iterator[ControlPlane]:
-    with ControlPlane(feature_gates=WHOLE_DEVICE_GATES) as plane:
+def controlplane_whole_devices(release: Release) -> Iterator[ControlPlane]:
+    """Partitionable devices off, as most 1.34 clusters run (and a 1.36+ cluster may choose)."""
+    with ControlPlane(release=release, feature_gates=release.gates(partitionable=False)) as plane:
         yield plane
 
 
 @pytest.fixture(scope="session")
-def controlplane_admission_policies() -> Iterator[ControlPlane]:
+def controlplane_admission_policies(release: Release) -> Iterator[ControlPlane]:
     """A control plane that serves MutatingAdmissionPolicy (admissionregistration.k8s.io/v1beta1)."""
-    with ControlPlane(
-        feature_gates=ADMISSION_POLICY_GATES, runtime_config=ADMISSION_POLICY_RUNTIME_CONFIG
-    ) as plane:
+    with _admission_policy_plane(release) as plane:
         yield plane
 
 

@@ -2,14 +2,16 @@
 
 The Go program in `tools/controlplane/` runs embedded etcd, kube-apiserver,
 kube-controller-manager and kube-scheduler from one pinned `k8s.io/kubernetes` release in one
-process. It is built once into a cache directory keyed by the Kubernetes version and a hash of
-its source, so a changed pin or program builds anew and an unchanged one is reused.
+process. It is built per release (the newest Kubernetes Tangram is tested on and the oldest it
+supports, `RELEASES`) into a cache directory keyed by the version and a hash of its source, so a
+changed pin or program builds anew and an unchanged one is reused.
 
 `ControlPlane` starts it on free loopback ports with a temporary data directory, reads readiness
 from the program's own output (it prints one line once every component answers its health
 check), and stops it by pid. Nodes are plain Node objects marked Ready: no kubelet runs.
 
-`python -m tangram.local.controlplane build` builds the binary when missing and prints its path.
+`python -m tangram.local.controlplane build [VERSION...]` builds the binaries that are missing
+(every release when no version is named) and prints their paths.
 """
 
 from __future__ import annotations
@@ -32,32 +34,69 @@ from typing import Any
 from kubernetes_asyncio.client import CoreV1Api
 
 from tangram.kubernetes.api.client import call, connect
+from tangram.kubernetes.api.layout import layout_for_server
+from tangram.kubernetes.objects.limits import K8sVersion
 from tangram.local.gobuild import build_once, cache_root
 from tangram.local.launch import end_process
 
-KUBERNETES_VERSION = "v1.34.4"
-# The feature gates each slice layout needs on a 1.34 API server: counter sets and devices that
-# consume them (MIG placements) are alpha there, as are device taints.
-PARTITIONABLE_GATES: Mapping[str, bool] = {"DRAPartitionableDevices": True, "DRADeviceTaints": True}
-WHOLE_DEVICE_GATES: Mapping[str, bool] = {"DRAPartitionableDevices": False, "DRADeviceTaints": True}
+
+@dataclass(frozen=True)
+class Release:
+    """A Kubernetes release the control plane is built for, and what its DRA features need.
+
+    `modfile` is the Go module file that pins it in tools/controlplane/ (go.mod pins the newest;
+    an older release has its own `k8s-<version>.mod` and `.sum`, given to the go command with
+    -modfile)."""
+
+    version: str  # "v1.37.2"
+    modfile: str
+    dra_alpha: bool  # partitionable devices and device taints are alpha (1.34) rather than on by default
+
+    @property
+    def minor(self) -> str:
+        """ "1.37": the version as the slice layouts and schemas name it."""
+        major, minor, _ = self.version.removeprefix("v").split(".")
+        return f"{major}.{minor}"
+
+    @property
+    def layout(self) -> K8sVersion:
+        """The ResourceSlice layout its API server validates."""
+        return layout_for_server(*self.minor.split("."))
+
+    def gates(self, *, partitionable: bool = True) -> dict[str, bool]:
+        """Counter sets and devices consuming them (MIG placements) on or off; device taints on."""
+        return {"DRAPartitionableDevices": partitionable, "DRADeviceTaints": True}
+
+    def runtime_config(self, gates: Mapping[str, bool]) -> str:
+        """The API versions the gated features are served at. On 1.34 with device taints on,
+        kube-scheduler and the controller manager watch DeviceTaintRules, served only at
+        resource.k8s.io/v1alpha3: without it their caches never sync and no pod is ever scheduled.
+        From 1.36 DeviceTaintRule is served by default."""
+        return "resource.k8s.io/v1alpha3=true" if self.dra_alpha and gates.get("DRADeviceTaints") else ""
 
 
-def runtime_config_for(gates: Mapping[str, bool]) -> str:
-    """The API versions the gated features are served at. With device taints on, kube-scheduler
-    and the controller manager watch DeviceTaintRules, served only at resource.k8s.io/v1alpha3 on
-    1.34: without it their caches never sync and no pod is ever scheduled."""
-    return "resource.k8s.io/v1alpha3=true" if gates.get("DRADeviceTaints") else ""
+NEWEST = Release("v1.37.2", "go.mod", dra_alpha=False)
+OLDEST = Release("v1.34.4", "k8s-v1.34.4.mod", dra_alpha=True)
+RELEASES: tuple[Release, ...] = (OLDEST, NEWEST)
 
 
 _READY = "TANGRAM-CONTROLPLANE READY "
-_SOURCE_FILES = ("go.mod", "go.sum", "main.go")
-# measured: over an hour at nice 10 on a shared, heavily loaded 2-core machine; expect tens of
-# minutes on an idle one
+# measured: about 5 minutes per release on 2 idle cores (8 with the machine busy); over an hour at
+# nice 10 on a shared, heavily loaded 2-core machine
 _COLD_BUILD_HINT = "about 5 minutes on 2 idle cores the first time (module download and compile)"
 
 
 class ControlPlaneError(RuntimeError):
     """The binary is missing or failed to build, start or become ready; the message says which."""
+
+
+def release(version: str) -> Release:
+    """The release by its version, "v1.37.2" or "1.37"; the message lists the ones built."""
+    for known in RELEASES:
+        if version in (known.version, known.minor, known.version.removeprefix("v")):
+            return known
+    built = ", ".join(r.version for r in RELEASES)
+    raise ControlPlaneError(f"no control plane for Kubernetes {version}: the versions built are {built}")
 
 
 def source_dir() -> Path:
@@ -68,43 +107,56 @@ def source_dir() -> Path:
     return Path(__file__).resolve().parents[3] / "tools" / "controlplane"
 
 
-def binary_path(source: Path | None = None) -> Path:
-    """Where the binary for this source lives: `<cache>/<k8s version>-<hash of the source>/controlplane`."""
+def _source_files(rel: Release) -> tuple[str, ...]:
+    # go.mod must be there (it marks the module root) even when -modfile names another file
+    return ("main.go", "go.mod", rel.modfile, rel.modfile.removesuffix(".mod") + ".sum")
+
+
+def binary_path(rel: Release = NEWEST, source: Path | None = None) -> Path:
+    """Where the binary for this release and source lives:
+    `<cache>/<version>-<hash of the source>/controlplane`."""
     source = source or source_dir()
-    digest = hashlib.sha256(_version_ldflags().encode() + b"\0")
-    for name in _SOURCE_FILES:
+    digest = hashlib.sha256(_version_ldflags(rel).encode() + b"\0")
+    for name in dict.fromkeys(_source_files(rel)):
         try:
             digest.update(name.encode() + b"\0" + (source / name).read_bytes() + b"\0")
         except OSError as error:
             raise ControlPlaneError(f"control plane source incomplete in {source}: {error}") from error
-    return cache_root("controlplane") / f"{KUBERNETES_VERSION}-{digest.hexdigest()[:12]}" / "controlplane"
+    return cache_root("controlplane") / f"{rel.version}-{digest.hexdigest()[:12]}" / "controlplane"
 
 
-def find_binary() -> Path:
-    """$TANGRAM_CONTROLPLANE, else the cached build of the current source; never builds."""
-    explicit = os.environ.get("TANGRAM_CONTROLPLANE")
+def find_binary(rel: Release = NEWEST) -> Path:
+    """$TANGRAM_CONTROLPLANE_<major>_<minor> (e.g. TANGRAM_CONTROLPLANE_1_37), else the cached
+    build of the current source; never builds."""
+    explicit = os.environ.get(binary_variable(rel))
     if explicit:
         return Path(explicit)
-    path = binary_path()
+    path = binary_path(rel)
     if not path.exists():
         raise ControlPlaneError(f"control plane binary {path} not built yet: run `make controlplane`")
     return path
 
 
-def build(*, out: Any = sys.stderr) -> Path:
-    """Build the binary into its cache directory unless it is there already; returns its path."""
+def binary_variable(rel: Release) -> str:
+    return "TANGRAM_CONTROLPLANE_" + rel.minor.replace(".", "_")
+
+
+def build(rel: Release = NEWEST, *, out: Any = sys.stderr) -> Path:
+    """Build the release's binary into its cache directory unless it is there already; returns its path."""
     source = source_dir()
+    modfile = [] if rel.modfile == "go.mod" else [f"-modfile={rel.modfile}"]
     return build_once(
-        binary_path(source),
+        binary_path(rel, source),
         lambda staging: [
             "build",
+            *modfile,
             "-trimpath",
-            f"-ldflags=-s -w {_version_ldflags()}",
+            f"-ldflags=-s -w {_version_ldflags(rel)}",
             "-o",
             str(staging / "controlplane"),
             ".",
         ],
-        what=f"the Kubernetes {KUBERNETES_VERSION} control plane",
+        what=f"the Kubernetes {rel.version} control plane",
         hint=_COLD_BUILD_HINT,
         error=ControlPlaneError,
         cwd=source,
@@ -112,14 +164,14 @@ def build(*, out: Any = sys.stderr) -> Path:
     )
 
 
-def _version_ldflags() -> str:
+def _version_ldflags(rel: Release) -> str:
     """The version the servers report (/version): a build from the module leaves it unset."""
-    major, minor, _ = KUBERNETES_VERSION.removeprefix("v").split(".")
+    major, minor, _ = rel.version.removeprefix("v").split(".")
     package = "k8s.io/component-base/version"
     return " ".join(
         f"-X {package}.{name}={value}"
         for name, value in (
-            ("gitVersion", KUBERNETES_VERSION),
+            ("gitVersion", rel.version),
             ("gitMajor", major),
             ("gitMinor", minor),
             ("gitTreeState", "clean"),
@@ -161,16 +213,18 @@ class ControlPlane:
         data_dir: Path | None = None,
         *,
         binary: Path | None = None,
-        feature_gates: Mapping[str, bool] = PARTITIONABLE_GATES,
+        release: Release = NEWEST,
+        feature_gates: Mapping[str, bool] | None = None,
         runtime_config: str = "",
         controllers: Iterable[str] = (),
         startup_timeout: float = 120.0,
     ) -> None:
         self._binary = binary
+        self.release = release
         self._data_dir = data_dir
         self._own_dir: tempfile.TemporaryDirectory[str] | None = None
-        self.feature_gates = dict(feature_gates)
-        self.runtime_config = runtime_config or runtime_config_for(self.feature_gates)
+        self.feature_gates = dict(release.gates() if feature_gates is None else feature_gates)
+        self.runtime_config = runtime_config or release.runtime_config(self.feature_gates)
         self.controllers = tuple(controllers)
         self.startup_timeout = startup_timeout
         self._process: subprocess.Popen[str] | None = None
@@ -220,7 +274,7 @@ class ControlPlane:
     def start(self) -> ControlPlane:
         if self._process is not None and self._process.poll() is None:
             raise ControlPlaneError("the control plane is already running")
-        binary = self._binary or find_binary()
+        binary = self._binary or find_binary(self.release)
         if self._data_dir is None:
             self._own_dir = tempfile.TemporaryDirectory(prefix="tangram-controlplane-")
             self._data_dir = Path(self._own_dir.name)
@@ -353,12 +407,14 @@ async def register_node(
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`build [VERSION...]`: build the control plane for each version (all releases when none)."""
     args = sys.argv[1:] if argv is None else argv
-    if args != ["build"]:
-        print("usage: python -m tangram.local.controlplane build", file=sys.stderr)
+    if args[:1] != ["build"]:
+        print("usage: python -m tangram.local.controlplane build [VERSION...]", file=sys.stderr)
         return 2
     try:
-        print(build())
+        for rel in [release(v) for v in args[1:]] or list(RELEASES):
+            print(build(rel))
     except ControlPlaneError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -53,7 +53,7 @@ def build_once(
                 check=False,
             )
         except FileNotFoundError as exc:
-            raise error(f"cannot run the Go toolchain (Go 1.24+ is needed): {exc}") from exc
+            raise error(f"cannot run the Go toolchain (Go 1.26+ is needed): {exc}") from exc
         built = staging / path.name
         if result.returncode != 0 or not built.exists():
             raise error(f"the build of {what} failed with exit status {result.returncode}")

@@ -1,10 +1,11 @@
 """`tangram discover --format slices` for every shipped machine, created on a real kube-apiserver.
 
-Schema validation (tests/kubernetes/objects) does not run the API server's own validation code nor its field
-dropping for disabled feature gates; this does. The pinned server is Kubernetes 1.34: it takes the
-1.34 layout with DRAPartitionableDevices and DRADeviceTaints on, takes Tangram's degraded rendering
-with partitionable devices off, and refuses the 1.35/1.36 layout wherever a slice's devices consume
-counters kept in another slice (the 1.35 split that 1.34 does not know).
+Schema validation (tests/kubernetes/objects) does not run the API server's own validation code nor
+its field dropping for disabled feature gates; this does, on each release the tests build. Each
+server takes its own layout with partitionable devices and device taints on, and Tangram's
+degraded rendering with partitionable devices off. A 1.34 server refuses the 1.35-and-later layout
+wherever a slice's devices consume counters kept in another slice (the split 1.34 does not know);
+a 1.37 server takes it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tangram.dra import node_devices, whole_devices_only
 from tangram.hardware.machines import list_machines
 from tangram.kubernetes.api import KubeApiError, call
 from tangram.kubernetes.objects import render_slices
+from tangram.local.controlplane import Release
 from tangram.nvml.inventory import read_node_hardware
 from tests.kubernetes.api.helpers import simulated
 from tests.support.driver import DRIVER
@@ -68,10 +70,10 @@ def test_every_shipped_machine_is_covered() -> None:
 
 
 @pytest.mark.parametrize("machine", MACHINES)
-async def test_the_134_layout_is_accepted_and_kept_whole(
-    machine: str, kube: Any, unique: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+async def test_the_servers_own_layout_is_accepted_and_kept_whole(
+    machine: str, release: Release, kube: Any, unique: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    slices = discover(machine, unique, "1.34", tmp_path / "gpus.json", capsys)
+    slices = discover(machine, unique, release.minor, tmp_path / "gpus.json", capsys)
     assert slices
     for resource_slice in slices:
         held = await create_and_read_back(kube, resource_slice)
@@ -80,11 +82,11 @@ async def test_the_134_layout_is_accepted_and_kept_whole(
 
 @pytest.mark.parametrize("machine", MACHINES)
 async def test_the_degraded_rendering_is_accepted_without_partitionable_devices(
-    machine: str, kube_whole_devices: Any, unique: str, tmp_path: Path
+    machine: str, release: Release, kube_whole_devices: Any, unique: str, tmp_path: Path
 ) -> None:
     hardware = read_node_hardware(simulated(machine, tmp_path / "gpus.json"), unique)
     devices = whole_devices_only(node_devices(hardware, driver=DRIVER))
-    slices = render_slices(devices, k8s_version="1.34", generation=1, driver=DRIVER)
+    slices = render_slices(devices, k8s_version=release.layout, generation=1, driver=DRIVER)
     gpus = [
         d["name"]
         for s in slices
@@ -97,10 +99,16 @@ async def test_the_degraded_rendering_is_accepted_without_partitionable_devices(
         assert held["spec"] == resource_slice["spec"], resource_slice["metadata"]["name"]
 
 
-@pytest.mark.parametrize("version", ["1.35", "1.36"])
+@pytest.mark.parametrize("version", ["1.35", "1.36", "1.37"])
 @pytest.mark.parametrize("machine", MACHINES)
-async def test_the_split_layouts_are_refused_by_a_134_server_where_counters_are_split(
-    machine: str, version: str, kube: Any, unique: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+async def test_the_split_layouts_are_refused_by_1_34_where_counters_are_split_and_accepted_later(
+    machine: str,
+    version: str,
+    release: Release,
+    kube: Any,
+    unique: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     slices = discover(machine, unique, version, tmp_path / "gpus.json", capsys)
     split = any("consumesCounters" in device for s in slices for device in s["spec"].get("devices", []))
@@ -114,4 +122,5 @@ async def test_the_split_layouts_are_refused_by_a_134_server_where_counters_are_
             continue
         # A 1.34 server writes the device list of a counters-only slice as null rather than omitting it.
         assert {k: v for k, v in held["spec"].items() if v is not None} == resource_slice["spec"]
-    assert bool(refused) == split
+    # 1.34 wants counter sets beside the devices that consume them; 1.35 and later in slices of their own
+    assert bool(refused) == (split and release.minor == "1.34"), refused

@@ -20,7 +20,7 @@ from services.discovery.settings import DiscoverySettings
 from services.discovery.slices import slice_sync
 from tangram.kubernetes.api import SlicePublisher, call
 from tangram.kubernetes.api.layout import detect_layout
-from tangram.local.controlplane import ControlPlane, register_node
+from tangram.local.controlplane import ControlPlane, Release, register_node
 from tangram.nvml.inventory import read_node_hardware
 from tests.kubernetes.api.helpers import machine_slices, simulated
 from tests.support.driver import DRIVER
@@ -42,11 +42,11 @@ async def pool(kube: Any, node: str) -> dict[str, Any]:
 
 
 async def test_published_slices_are_owned_by_their_node_and_go_with_it(
-    kube: Any, unique: str, tmp_path: Path
+    kube: Any, release: Release, unique: str, tmp_path: Path
 ) -> None:
     node = await register_node(kube, unique)
     slices = machine_slices(
-        simulated("hgx-h200", tmp_path / "gpus.json"), unique, generation=1, k8s_version="1.34"
+        simulated("hgx-h200", tmp_path / "gpus.json"), unique, generation=1, k8s_version=release.layout
     )
 
     report = await SlicePublisher(kube, node=unique, driver=DRIVER).sync(slices)
@@ -59,10 +59,14 @@ async def test_published_slices_are_owned_by_their_node_and_go_with_it(
         assert held["metadata"]["ownerReferences"] == [
             {"apiVersion": "v1", "kind": "Node", "name": unique, "uid": node.metadata.uid, "controller": True}
         ]
-        assert held["spec"]["sharedCounters"] == resource_slice["spec"]["sharedCounters"]
-        assert [d["name"] for d in held["spec"]["devices"]] == [
-            d["name"] for d in resource_slice["spec"]["devices"]
+        # 1.34: counter sets beside their devices; 1.35 and later: counters-only slices of their own
+        assert held["spec"].get("sharedCounters") == resource_slice["spec"].get("sharedCounters")
+        assert [d["name"] for d in held["spec"].get("devices") or []] == [
+            d["name"] for d in resource_slice["spec"].get("devices", [])
         ]
+    assert any(s["spec"].get("sharedCounters") for s in slices) and any(
+        s["spec"].get("devices") for s in slices
+    )
 
     await call("delete Node", CoreV1Api(kube).delete_node(unique))
 
@@ -73,11 +77,11 @@ async def test_published_slices_are_owned_by_their_node_and_go_with_it(
 
 
 async def test_the_watch_restores_slices_deleted_edited_or_added_by_someone_else(
-    kube: Any, unique: str, tmp_path: Path
+    kube: Any, release: Release, unique: str, tmp_path: Path
 ) -> None:
     await register_node(kube, unique)
     slices = machine_slices(
-        simulated("l40s-8", tmp_path / "gpus.json"), unique, generation=1, k8s_version="1.34"
+        simulated("l40s-8", tmp_path / "gpus.json"), unique, generation=1, k8s_version=release.layout
     )
     [name] = [s["metadata"]["name"] for s in slices]
     publisher = SlicePublisher(kube, node=unique, driver=DRIVER, backoff_s=0.2)
@@ -132,18 +136,18 @@ async def test_the_watch_restores_slices_deleted_edited_or_added_by_someone_else
 
 
 async def test_layout_detection_reads_the_gates_of_the_server(
-    kube: Any, kube_whole_devices: Any, unique: str
+    kube: Any, kube_whole_devices: Any, release: Release, unique: str
 ) -> None:
     with_partitions = await detect_layout(kube, node=unique, driver=DRIVER)
     without = await detect_layout(kube_whole_devices, node=unique, driver=DRIVER)
 
     assert (with_partitions.k8s_version, with_partitions.partitionable, with_partitions.taints) == (
-        "1.34",
+        release.minor,
         True,
         True,
     )
-    assert with_partitions.server_version.startswith("v1.34.")
-    assert (without.k8s_version, without.partitionable, without.taints) == ("1.34", False, True)
+    assert with_partitions.server_version.startswith(f"v{release.minor}.")
+    assert (without.k8s_version, without.partitionable, without.taints) == (release.minor, False, True)
     assert without.degraded
     # the probes were dry runs: nothing was left behind
     listed = await ResourceV1Api(kube).list_resource_slice(field_selector=f"spec.nodeName={unique}")

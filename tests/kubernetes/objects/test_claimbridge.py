@@ -181,6 +181,14 @@ def test_the_allocation_is_what_the_node_reads_back() -> None:
     assert same_allocation(status, {"devices": {"results": list(reversed(status["devices"]["results"]))}})
 
 
+def test_the_allocation_carries_the_time_it_was_made_when_given() -> None:
+    # kube-scheduler (1.36+) refuses to bind a pod whose claim's allocation has no timestamp
+    assert "allocationTimestamp" not in allocation_status(_allocated())
+    stamped = allocation_status(_allocated(), allocated_at="2026-12-04T14:30:00Z")
+    assert stamped["allocationTimestamp"] == "2026-12-04T14:30:00Z"
+    assert same_allocation(stamped, allocation_status(_allocated()))
+
+
 def test_admin_access_is_written_when_set() -> None:
     status = allocation_status(_allocated(admin=True))
     assert [r["adminAccess"] for r in status["devices"]["results"]] == [True, True]

@@ -21,7 +21,7 @@ def test_shipped_classes_are_the_two_tangram_classes() -> None:
     assert {c["apiVersion"] for c in classes} == {"resource.k8s.io/v1"}
 
 
-@pytest.mark.parametrize("version", ["1.34", "1.35", "1.36"])
+@pytest.mark.parametrize("version", ["1.34", "1.35", "1.36", "1.37"])
 def test_shipped_classes_validate_strictly(version: str) -> None:
     for obj in load_shipped_device_classes():
         validate_strictly(obj, version)

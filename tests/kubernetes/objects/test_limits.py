@@ -42,7 +42,7 @@ def slices_of(*specs: dict[str, Any], generation: int = 1) -> list[dict[str, Any
 
 def test_valid_pool_has_no_violations() -> None:
     pool = slices_of({"devices": [device("gpu-0"), device("gpu-1")]})
-    for version in ("1.34", "1.35", "1.36"):
+    for version in ("1.34", "1.35", "1.36", "1.37"):
         assert check_limits(pool, version) == []
 
 
@@ -51,7 +51,7 @@ def test_more_than_128_devices() -> None:
     assert check_limits(pool, "1.34") == ["slice 0: 129 devices > 128"]
 
 
-@pytest.mark.parametrize(("version", "violations"), [("1.34", 0), ("1.35", 1), ("1.36", 1)])
+@pytest.mark.parametrize(("version", "violations"), [("1.34", 0), ("1.35", 1), ("1.36", 1), ("1.37", 1)])
 def test_65_counter_consuming_devices(version: str, violations: int) -> None:
     devices = [device(f"d-{i}", consumes={"set-0": 1}) for i in range(65)]
     pool = slices_of({"devices": devices, "sharedCounters": [counter_set("set-0", 1)]})

@@ -13,7 +13,7 @@ from tangram.nvml.inventory import read_node_hardware
 from tests.kubernetes.objects.schema import validate_strictly
 from tests.support.driver import DRIVER
 
-VERSIONS = ["1.34", "1.35", "1.36"]
+VERSIONS = ["1.34", "1.35", "1.36", "1.37"]
 SLICE_COUNTERS = {"memory-slice-0", "memory-slice-1"}  # present in every MIG counter set
 
 

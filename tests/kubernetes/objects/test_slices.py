@@ -18,7 +18,7 @@ from tests.kubernetes.objects.nodes import (
 from tests.kubernetes.objects.schema import validate_strictly
 from tests.support.driver import DRIVER
 
-VERSIONS = ["1.34", "1.35", "1.36"]
+VERSIONS = ["1.34", "1.35", "1.36", "1.37"]
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 ALL_H100_COUNTERS = {
     **{f"memory-slice-{i}": {"value": "1"} for i in range(8)},
@@ -76,7 +76,7 @@ def test_h100_on_134_puts_two_gpus_with_their_counter_sets_in_each_slice() -> No
         assert consumed == local
 
 
-@pytest.mark.parametrize("version", ["1.35", "1.36"])
+@pytest.mark.parametrize("version", ["1.35", "1.36", "1.37"])
 def test_h100_on_135_and_later_separates_counter_sets_from_devices(version: str) -> None:
     slices = render(h100_node(), version)
     assert "devices" not in slices[0]["spec"]

@@ -158,9 +158,18 @@ def _class_manifest(manifest: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def allocation_status(allocated: ClaimAllocated | Allocated) -> dict[str, Any]:
+def allocation_status(
+    allocated: ClaimAllocated | Allocated, *, allocated_at: str | None = None
+) -> dict[str, Any]:
     """`status.allocation` (resource.k8s.io/v1) for a decision: its devices, the configs from the
-    class and the claim, and a node selector naming the node, as kube-scheduler writes it."""
+    class and the claim, a node selector naming the node, and when it was made, as kube-scheduler
+    writes it.
+
+    `allocated_at` (a Kubernetes Time) is what the allocation is stamped with. From 1.36, where
+    device binding conditions are on, kube-scheduler stamps an allocation that has no timestamp
+    when it reserves the claim for the pod, and the API server refuses that as a change to an
+    allocation already set: the pod would never be bound. So every allocation Tangram writes
+    carries one (the allocator's claim writer stamps what it writes)."""
     results: list[dict[str, Any]] = []
     for device in allocated.devices:
         result: dict[str, Any] = {
@@ -175,7 +184,7 @@ def allocation_status(allocated: ClaimAllocated | Allocated) -> dict[str, Any]:
     devices: dict[str, Any] = {"results": results}
     if allocated.config:
         devices["config"] = [dict(entry) for entry in allocated.config]
-    return {
+    status: dict[str, Any] = {
         "devices": devices,
         "nodeSelector": {
             "nodeSelectorTerms": [
@@ -183,6 +192,9 @@ def allocation_status(allocated: ClaimAllocated | Allocated) -> dict[str, Any]:
             ]
         },
     }
+    if allocated_at is not None:
+        status["allocationTimestamp"] = allocated_at
+    return status
 
 
 def same_allocation(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:

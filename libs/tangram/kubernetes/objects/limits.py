@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-K8sVersion = Literal["1.34", "1.35", "1.36"]
+K8sVersion = Literal["1.34", "1.35", "1.36", "1.37"]
 K8S_VERSIONS: tuple[K8sVersion, ...] = get_args(K8sVersion)
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -52,7 +52,7 @@ LIMITS: dict[K8sVersion, SliceLimits] = {
         max_consumed_counters_per_slice=None,
     ),
 }
-LIMITS["1.36"] = LIMITS["1.35"]
+LIMITS["1.36"] = LIMITS["1.37"] = LIMITS["1.35"]
 
 
 def limits_for(k8s_version: str) -> SliceLimits:

@@ -182,7 +182,7 @@ def _counter_slices(counter_sets: list[dict[str, Any]], limits: SliceLimits) -> 
 def render_slices(
     devices: NodeDevices, *, k8s_version: K8sVersion, generation: int = 1, driver: str
 ) -> list[dict[str, Any]]:
-    """The node's pool as ResourceSlices for one Kubernetes version ("1.34", "1.35" or "1.36")."""
+    """The node's pool as ResourceSlices for one Kubernetes version ("1.34" to "1.37")."""
     limits = limits_for(k8s_version)
     if devices.driver != driver:
         raise SliceRenderError(f"devices were built for driver {devices.driver!r}, not {driver!r}")
