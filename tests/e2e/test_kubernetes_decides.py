@@ -157,14 +157,17 @@ async def test_a_restarted_allocator_resyncs_without_giving_anything_twice(node:
     first_claim = await claim_of(node, first, "mig")
 
     node.cluster.crash("allocator")
-    # While it is down: a claim deleted, claims made (one gated for Tangram, one that
-    # kube-scheduler allocates since no gate holds its pod).
-    await node.core.delete_namespaced_pod("first", ns)
-    await node.core.create_namespaced_pod(ns, pod("second", ns, None, use, gates=[SCHEDULING_GATE]))
+    # While it is down: claims made (one that kube-scheduler allocates since no gate holds its pod,
+    # one gated for Tangram) and a claim deleted. The pair is placed while the first claim still
+    # holds its GPU: a whole GPU whose instance belonged to a claim deleted while the allocator is
+    # down waits for the allocator's release (at most the partitioner's log lag), which this test
+    # is not about.
     await node.core.create_namespaced_pod(
         ns, pod("by-kube", ns, node.name, {"gpus": {"resourceClaimTemplateName": "pair"}})
     )
     await wait_for_pod(node, "by-kube", "Running")
+    await node.core.delete_namespaced_pod("first", ns)
+    await node.core.create_namespaced_pod(ns, pod("second", ns, None, use, gates=[SCHEDULING_GATE]))
     node.cluster.restart("allocator")
     await node.core.create_namespaced_pod(ns, pod("third", ns, None, use, gates=[SCHEDULING_GATE]))
 
