@@ -133,7 +133,12 @@ class ClaimWriter:
                 claim = await call_json(
                     f"write the allocation of ResourceClaim {namespace}/{name}",
                     self._resource.replace_namespaced_resource_claim_status(
-                        name, namespace, body, _preload_content=False, _request_timeout=self._timeout
+                        name,
+                        namespace,
+                        body,
+                        field_manager=COMPONENT,
+                        _preload_content=False,
+                        _request_timeout=self._timeout,
                     ),
                 )
             except KubeApiError as error:

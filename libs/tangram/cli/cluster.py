@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 from tangram.cli.demo import parse_nodes
-from tangram.local.clusterup import serve
+from tangram.local.clusterup import DECIDERS, serve
+from tangram.local.controlplane import NEWEST, RELEASES, ControlPlaneError, release
 
 # Machines that start without MIG instances: Kubernetes sees every placement as free, and one made
 # before Tangram (as on the simulated HGX H200's GPU 0) would overlap placements it offers.
@@ -31,10 +32,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kubeconfig", type=Path, help="where to write the kubeconfig (default: in the work folder)"
     )
     up.add_argument("--keep", action="store_true", help="keep the work folder (logs, CDI specs, GPU state)")
+    up.add_argument(
+        "--decider",
+        choices=DECIDERS,
+        default="tangram",
+        help="who decides the claims: tangram (as the Helm chart runs it: the admission webhook gates "
+        "pods, the allocator writes the allocations) or kube-scheduler (no gate; Tangram adopts what "
+        "it allocated); default tangram",
+    )
+    up.add_argument(
+        "--k8s-version",
+        default=NEWEST.minor,
+        metavar="VERSION",
+        help="the Kubernetes release of the control plane: "
+        + " or ".join(r.minor for r in RELEASES)
+        + f", or a full version (default {NEWEST.minor}, {NEWEST.version})",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     nodes = parse_nodes(args.node or DEFAULT_NODES, command="tangram cluster up")
+    try:
+        kubernetes = release(args.k8s_version)
+    except ControlPlaneError as error:
+        raise SystemExit(f"tangram cluster up: --k8s-version: {error}") from None
 
     def out(line: str) -> None:
         print(line, flush=True)
@@ -44,7 +65,15 @@ def run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        return await serve(nodes, stop=stop, out=out, kubeconfig=args.kubeconfig, keep=args.keep)
+        return await serve(
+            nodes,
+            stop=stop,
+            out=out,
+            kubeconfig=args.kubeconfig,
+            keep=args.keep,
+            decider=args.decider,
+            release=kubernetes,
+        )
 
     try:
         return asyncio.run(main())
