@@ -75,6 +75,20 @@ async def no_leaked_tasks() -> AsyncIterator[None]:
     for task in leaked:
         task.cancel()
     assert not leaked, f"test leaked asyncio tasks: {leaked}"
+    open_transports = _open_transports()
+    assert not open_transports, f"test left connections open: {open_transports}"
+
+
+def _open_transports() -> list[str]:
+    """Sockets this test's event loop still serves: left to the garbage collector, each would fail
+    whichever later test it is collected in."""
+    loop = asyncio.get_running_loop()
+    transports = getattr(loop, "_transports", {})
+    return [
+        f"{t!r} {t.get_extra_info('sockname')} -> {t.get_extra_info('peername')}"
+        for t in list(transports.values())
+        if t is not None and not t.is_closing()
+    ]
 
 
 def _owned_by_nats(task: asyncio.Task[object]) -> bool:
