@@ -17,11 +17,17 @@ from typing import Any
 from prometheus_client import Counter
 
 from services.discovery.settings import DiscoverySettings
-from tangram.dra import node_devices, untainted_only, whole_devices_only
 from tangram.events import NodeHardware
 from tangram.kubernetes.api import KubeApiError, SlicePublisher, SyncReport, connect
-from tangram.kubernetes.api.layout import LayoutError, SliceLayout, announce, detect_layout, overridden
-from tangram.kubernetes.objects import SliceRenderError, check_limits, render_slices
+from tangram.kubernetes.api.layout import (
+    LayoutError,
+    SliceLayout,
+    announce,
+    detect_layout,
+    layout_slices,
+    overridden,
+)
+from tangram.kubernetes.objects import SliceRenderError, check_limits
 
 log = logging.getLogger("tangram.discovery.slices")
 
@@ -92,15 +98,8 @@ class SliceSync:
             return None
         self._unpublished = False
         settings = self._settings
-        devices = node_devices(hardware, driver=settings.driver)
-        if not layout.partitionable:
-            devices = whole_devices_only(devices)
-        if not layout.taints:
-            devices = untainted_only(devices)
         try:
-            slices = render_slices(
-                devices, k8s_version=layout.k8s_version, generation=generation, driver=settings.driver
-            )
+            slices = layout_slices(layout, hardware, generation=generation, driver=settings.driver)
         except SliceRenderError as error:
             self._failed(f"cannot render: {error}")
             SYNCS.labels("unrenderable").inc()

@@ -27,8 +27,10 @@ from typing import Any
 
 from kubernetes_asyncio.client import ResourceApi, ResourceV1Api, VersionApi
 
+from tangram.dra import node_devices, untainted_only, whole_devices_only
+from tangram.events import NodeHardware
 from tangram.kubernetes.api.client import KubeApiError, call
-from tangram.kubernetes.objects import K8S_VERSIONS, K8sVersion
+from tangram.kubernetes.objects import K8S_VERSIONS, K8sVersion, render_slices
 
 log = logging.getLogger("tangram.kubernetes.api.layout")
 
@@ -53,6 +55,20 @@ class SliceLayout:
     @property
     def degraded(self) -> bool:
         return not self.partitionable
+
+
+def layout_slices(
+    layout: SliceLayout, hardware: NodeHardware, *, generation: int, driver: str
+) -> list[dict[str, Any]]:
+    """The node's ResourceSlices as a server of `layout` keeps them: without partitionable devices,
+    whole GPUs and existing MIG instances only; without device taints, no taints (raises
+    SliceRenderError when they cannot be rendered)."""
+    devices = node_devices(hardware, driver=driver)
+    if not layout.partitionable:
+        devices = whole_devices_only(devices)
+    if not layout.taints:
+        devices = untainted_only(devices)
+    return render_slices(devices, k8s_version=layout.k8s_version, generation=generation, driver=driver)
 
 
 def layout_for_server(major: str, minor: str) -> K8sVersion:
