@@ -195,3 +195,81 @@ def test_the_nodes_start_from_the_clean_machines_the_tally_lays_allocations_on(t
         names = [d.name for d in node_devices(simulated, driver=DRIVER_NAME).devices]
         assert names == [d.name for d in node_devices(tallied, driver=DRIVER_NAME).devices]
         assert len(simulated.gpus) == 8
+
+
+def test_scheduler_perf_fills_every_gpu_then_churns_at_half_full() -> None:
+    phases = kb.scheduler_perf_phases(24, steady=5, seed=3)
+    assert [(p.name, p.measured) for p in phases] == [("fill", True), ("half", False), ("steady", False)]
+    fill, half, steady = (p.ops for p in phases)
+    assert len(fill) == 24 and all(isinstance(op, Arrival) and op.shape == ONE for op in fill)
+    assert len(half) == 12 and all(isinstance(op, Departure) for op in half)
+    assert [type(op) for op in steady] == [Departure, Arrival] * 5
+    # every deletion takes a pod that is there, and the cluster stays at half full
+    alive: set[str] = set()
+    for op in [*fill, *half, *steady]:
+        if isinstance(op, Arrival):
+            assert op.uid not in alive
+            alive.add(op.uid)
+        else:
+            alive.remove(op.uid)
+    assert len(alive) == 12
+    # the steady phase deletes pods the cluster held before it, never one of its own
+    steady_deleted = {op.uid for op in steady if isinstance(op, Departure)}
+    assert steady_deleted <= {op.uid for op in fill} - {op.uid for op in half}
+    assert kb.scheduler_perf_phases(24, steady=5, seed=3) == phases
+    assert kb.scheduler_perf_phases(24, steady=5, seed=4) != phases
+
+
+def test_synthetic_fleets_are_the_workloads_machines() -> None:
+    assert kb.synthetic_fleet(2, "scheduler-perf", prefix="x-") == [
+        ("x-l40s-8-0", "l40s-8"),
+        ("x-l40s-8-1", "l40s-8"),
+    ]
+    assert [m for _, m in kb.synthetic_fleet(4, "mixed")] == [
+        "hgx-h200",
+        "h100-nvl-4x2",
+        "l40s-8",
+        "hgx-h200",
+    ]
+
+
+def test_synthetic_ratios_divide_tangram_by_kube_scheduler() -> None:
+    def run(per_s: float, requests: float, p99: float | None) -> dict[str, object]:
+        return {
+            "pods_scheduled_per_s": per_s,
+            "api_requests_per_pod": requests,
+            "pods_scheduled": 10,
+            "admitted_before_first_unplaceable": 10,
+            "stranded_gpus": 0.0,
+            "multi_gpu_ideal_set_share": None,
+            "multi_gpu_nvlink_optimal_share": None,
+            "measured_create_to_scheduled": {"p50_ms": 100.0, "p99_ms": p99},
+        }
+
+    out = kb.synthetic_ratios(run(60.0, 12.0, 400.0), run(40.0, 10.0, 800.0))
+    assert out["pods_scheduled_per_s"] == 1.5 and out["api_requests_per_pod"] == 1.2
+    assert out["create_to_scheduled_p50_ms"] == 1.0 and out["create_to_scheduled_p99_ms"] == 0.5
+    assert out["stranded_gpus"] is None and out["multi_gpu_ideal_set_share"] is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--workload", "scheduler-perf"], "--workload scheduler-perf runs on --synthetic-nodes"),
+        (["--nodes", "17"], "--nodes in [1, 16]"),
+        (["--synthetic-nodes", "--nodes", "1001"], "--nodes in [1, 1000]"),
+        (["--synthetic-nodes", "--concurrency", "0"], "--concurrency in [1, 1000]"),
+    ],
+)
+def test_bad_scale_flags_are_one_line(argv: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    kb.add_arguments(parser)
+    assert kb.run(parser.parse_args(argv)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err and "Traceback" not in err
+
+
+def test_both_deciders_run_unless_told_otherwise() -> None:
+    parser = argparse.ArgumentParser()
+    kb.add_arguments(parser)
+    assert kb.deciders_of(parser.parse_args([]).deciders) == ["kube-scheduler", "tangram"]

@@ -20,7 +20,7 @@ from tangram.kubernetes.api import KubeApiError, call
 from tangram.kubernetes.objects.claimbridge import allocation_status
 from tangram.kubernetes.objects.names import SCHEDULING_GATE
 from tangram.kubernetes.objects.times import kube_time
-from tangram.local.controlplane import ControlPlane
+from tangram.local.controlplane import ControlPlane, Release
 from tests.support.polling import until
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.controlplane]
@@ -234,3 +234,47 @@ async def test_the_tangram_run_with_the_allocator_deciding(
     assert report["admitted_before_first_unplaceable"] == admitted > 0
     assert report["first_unplaceable"]["reason"].startswith("TangramUnschedulable: ")
     assert report["prepared"] == report["pods_scheduled"] > 0
+
+
+async def test_synthetic_nodes_are_filled_then_churned_by_each_decider(
+    controlplane: ControlPlane, kube: Any, unique: str, release: Release
+) -> None:
+    """No kubelet and no per-node process: the nodes' slices and inventories are all there is, and
+    each decider fills every GPU, then keeps the cluster at half full while pods come and go."""
+    suffix = unique.rsplit("-", 1)[-1]
+    nodes = kb.synthetic_fleet(2, "scheduler-perf", prefix=f"sy{suffix}-")
+    phases = kb.scheduler_perf_phases(16, steady=4, seed=1)
+    reports = {}
+    for decider in (kb.kube_scheduler_decider(), kb.tangram_decider(controlplane.kubeconfig)):
+        reports[decider.name] = await kb.run_synthetic(
+            kube,
+            controlplane.kubeconfig,
+            nodes,
+            phases,
+            decider,
+            namespace=f"sy{suffix}-{decider.name[:4]}",
+            concurrency=8,
+            rate=0,
+        )
+    for name, report in reports.items():
+        assert report["decider"] == name and report["layout"] == release.minor
+        fill = report["phases"]["fill"]
+        assert (fill["pods_created"], fill["pods_scheduled"]) == (16, 16), report
+        assert report["phases"]["steady"]["pods_scheduled"] == 4, report
+        assert (report["pods_created"], report["pods_scheduled"], report["pods_deleted"]) == (20, 20, 12)
+        assert report["first_unplaceable"] is None and report["stranded_gpus"] == 0
+        assert report["pods_scheduled_per_s"] > 0 and report["api_requests_per_pod"] > 1
+        p50, p99 = report["measured_create_to_scheduled"].values()
+        assert 0 < p50 <= p99
+    assert reports["tangram"]["allocator_cpu_s_per_pod"] > 0
+    assert reports["tangram"]["allocator_peak_rss_mb"] > 0
+    assert reports["kube-scheduler"]["allocator_cpu_s_per_pod"] is None
+    # the synthetic nodes (and their slices) are gone with the run
+    listed = await call("list nodes", CoreV1Api(kube).list_node())
+    assert not [n.metadata.name for n in listed.items if n.metadata.name.startswith(f"sy{suffix}-")]
+    slices = await call("list slices", ResourceV1Api(kube).list_resource_slice())
+    assert not [
+        s.metadata.name
+        for s in slices.items
+        if s.spec.node_name and s.spec.node_name.startswith(f"sy{suffix}-")
+    ]

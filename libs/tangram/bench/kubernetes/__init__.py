@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import secrets
 import sys
 import time
@@ -56,8 +57,23 @@ from tangram.bench.kubernetes.pods import (
     template_spec,
     workload,
 )
-from tangram.bench.kubernetes.report import PlacementTally, PodRecord, ratios, run_report, table
+from tangram.bench.kubernetes.report import (
+    PlacementTally,
+    PodRecord,
+    ratios,
+    run_report,
+    synthetic_ratios,
+    synthetic_table,
+    table,
+)
 from tangram.bench.kubernetes.runner import run_decider
+from tangram.bench.kubernetes.synthetic import (
+    WORKLOADS,
+    mixed_phases,
+    run_synthetic,
+    scheduler_perf_phases,
+    synthetic_fleet,
+)
 from tangram.bench.kubesim import BenchError, control_plane
 from tangram.bench.traces import Arrival, fleet_gpus
 from tangram.kubernetes.api import KubeApiError
@@ -84,6 +100,10 @@ __all__ = [
     "run",
     "run_decider",
     "run_report",
+    "run_synthetic",
+    "scheduler_perf_phases",
+    "synthetic_fleet",
+    "synthetic_ratios",
     "table",
     "tangram_decider",
     "template_manifest",
@@ -92,6 +112,7 @@ __all__ = [
 ]
 
 MAX_NODES = 16  # each node is three service processes on this machine
+MAX_SYNTHETIC_NODES = 1000  # a Node and its ResourceSlices each, no process
 MAX_PODS = 10_000
 
 
@@ -111,8 +132,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--deciders",
-        default="kube-scheduler",
-        help=f"comma-separated, run in this order: {', '.join(DECIDERS)} (default kube-scheduler)",
+        default=",".join(DECIDERS),
+        help=f"comma-separated, run in this order (default {','.join(DECIDERS)}: both, side by side)",
+    )
+    parser.add_argument(
+        "--synthetic-nodes",
+        action="store_true",
+        help="nodes as Node objects with slices and inventories only, no process and no prepare "
+        f"(as scheduler_perf runs them; up to {MAX_SYNTHETIC_NODES}): a pod counts once bound",
+    )
+    parser.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default="mixed",
+        help="with --synthetic-nodes: scheduler-perf (l40s-8 nodes, 1-GPU pods until full, then "
+        "steady churn at half full) or mixed (hgx-h200, h100-nvl-4x2, l40s-8; MIG and NVLink claims "
+        "past saturation)",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=50,
+        help="with --synthetic-nodes: pod creations and deletions in flight at once",
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="with --synthetic-nodes: at most this many pod operations a second (0: as fast as "
+        "--concurrency allows)",
+    )
+    parser.add_argument(
+        "--steady",
+        type=int,
+        default=None,
+        help="scheduler-perf: deletions-and-creations of the steady phase (default: one per node)",
     )
     parser.add_argument("--json", action="store_true", help="one JSON object instead of a table")
 
@@ -126,17 +180,27 @@ def deciders_of(text: str) -> list[str]:
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    limit = MAX_SYNTHETIC_NODES if args.synthetic_nodes else MAX_NODES
     if (
-        not 1 <= args.nodes <= MAX_NODES
+        not 1 <= args.nodes <= limit
         or not 0 <= args.pods <= MAX_PODS
         or not 0.1 <= args.saturation <= 3.0
+        or not 1 <= args.concurrency <= 1000
+        or not 0 <= args.rate <= 10_000
     ):
-        raise BenchError(f"--nodes in [1, {MAX_NODES}], --pods in [0, {MAX_PODS}], --saturation in [0.1, 3]")
+        raise BenchError(
+            f"--nodes in [1, {limit}], --pods in [0, {MAX_PODS}], --saturation in [0.1, 3], "
+            "--concurrency in [1, 1000], --rate in [0, 10000]"
+        )
+    if args.workload != "mixed" and not args.synthetic_nodes:
+        raise BenchError(f"--workload {args.workload} runs on --synthetic-nodes")
     chosen = deciders_of(args.deciders)
     if "tangram" in chosen and not allocator_decides_in_kubernetes():
         raise BenchError(
             "--deciders tangram: this allocator has no Kubernetes mode (services.allocator --kubernetes) yet"
         )
+    if args.synthetic_nodes:
+        return await _bench_synthetic(args, chosen)
     nodes = fleet(args.nodes)
     hardware = node_hardware(nodes)
     capacity = fleet_gpus(hardware)
@@ -166,6 +230,51 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+async def _bench_synthetic(args: argparse.Namespace, chosen: list[str]) -> dict[str, Any]:
+    """Each decider on its own fresh control plane, the same synthetic fleet and workload."""
+    nodes = synthetic_fleet(args.nodes, args.workload)
+    capacity = fleet_gpus(node_hardware(nodes))
+    if args.workload == "scheduler-perf":
+        steady = args.nodes if args.steady is None else args.steady
+        phases = scheduler_perf_phases(int(capacity), steady=steady, seed=args.seed)
+    else:
+        phases = mixed_phases(capacity, pods=args.pods, saturation=args.saturation, seed=args.seed)
+    runs: dict[str, Any] = {}
+    for name in chosen:
+        async with control_plane() as (plane, api):
+            decider = tangram_decider(plane.kubeconfig) if name == "tangram" else kube_scheduler_decider()
+            started = time.monotonic()
+            runs[name] = await run_synthetic(
+                api,
+                plane.kubeconfig,
+                nodes,
+                phases,
+                decider,
+                namespace=f"bench-{secrets.token_hex(3)}",
+                concurrency=args.concurrency,
+                rate=args.rate,
+            )
+            runs[name]["run_s"] = round(time.monotonic() - started, 1)
+            runs[name]["loadavg"] = [round(x, 2) for x in os.getloadavg()]
+    machines = sorted({m for _, m in nodes})
+    result: dict[str, Any] = {
+        "benchmark": "kubernetes",
+        "synthetic_nodes": True,
+        "workload": args.workload,
+        "seed": args.seed,
+        "nodes": len(nodes),
+        "machines": {m: sum(1 for _, x in nodes if x == m) for m in machines},
+        "gpus": capacity,
+        "concurrency": args.concurrency,
+        "rate": args.rate,
+        "phases": {p.name: len(p.ops) for p in phases},
+        "runs": runs,
+    }
+    if "tangram" in runs and "kube-scheduler" in runs:
+        result["tangram_over_kube_scheduler"] = synthetic_ratios(runs["tangram"], runs["kube-scheduler"])
+    return result
+
+
 def run(args: argparse.Namespace) -> int:
     # The kubelet stand-ins log each prepare they retry; the report counts the pods never prepared.
     logging.getLogger("tangram.local.kubelet").setLevel(logging.ERROR)
@@ -174,5 +283,6 @@ def run(args: argparse.Namespace) -> int:
     except (BenchError, ControlPlaneError, KubeApiError, OSError) as error:
         print(f"tangram bench kubernetes: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
-    print(json.dumps(result) if args.json else table(result))
+    shown = synthetic_table(result) if result.get("synthetic_nodes") else table(result)
+    print(json.dumps(result) if args.json else shown)
     return 0

@@ -74,7 +74,7 @@ class PlacementTally:
         return self.fleet.metrics().stranded_gpus
 
 
-def _ms(seconds: list[float]) -> dict[str, float | None]:
+def latency_ms(seconds: list[float]) -> dict[str, float | None]:
     if not seconds:
         return {"p50_ms": None, "p99_ms": None}
     return dict(percentiles([s * 1000 for s in seconds]))
@@ -104,8 +104,12 @@ def run_report(
         "admitted_gpus": round(sum(r.shape.gpus() for r in admitted), 3),
         "stranded_gpus": stranded_gpus,
         **nvlink.report(),
-        "create_to_scheduled": _ms([r.scheduled - r.created for r in scheduled if r.scheduled is not None]),
-        "create_to_prepared": _ms([r.prepared - r.created for r in scheduled if r.prepared is not None]),
+        "create_to_scheduled": latency_ms(
+            [r.scheduled - r.created for r in scheduled if r.scheduled is not None]
+        ),
+        "create_to_prepared": latency_ms(
+            [r.prepared - r.created for r in scheduled if r.prepared is not None]
+        ),
         "prepared": sum(r.prepared is not None for r in scheduled),
         # scheduled pods never seen prepared (before their deletion, or by the end of the wait)
         "not_prepared": sum(r.prepared is None for r in scheduled),
@@ -125,18 +129,19 @@ RATIO_KEYS = (
 LATENCY_KEYS = ("create_to_scheduled", "create_to_prepared")
 
 
+def _ratio(a: Any, b: Any) -> float | None:
+    if a is None or not b:
+        return None
+    return round(float(a) / float(b), 4)
+
+
 def ratios(tangram: Mapping[str, Any], baseline: Mapping[str, Any]) -> dict[str, float | None]:
     """tangram / kube-scheduler per figure; None where the baseline is 0 or missing."""
 
-    def ratio(a: Any, b: Any) -> float | None:
-        if a is None or not b:
-            return None
-        return round(float(a) / float(b), 4)
-
-    out = {key: ratio(tangram.get(key), baseline.get(key)) for key in RATIO_KEYS}
+    out = {key: _ratio(tangram.get(key), baseline.get(key)) for key in RATIO_KEYS}
     for key in LATENCY_KEYS:
         for p in ("p50_ms", "p99_ms"):
-            out[f"{key}_{p}"] = ratio(tangram[key][p], baseline[key][p])
+            out[f"{key}_{p}"] = _ratio(tangram[key][p], baseline[key][p])
     return out
 
 
@@ -200,4 +205,71 @@ def table(result: Mapping[str, Any]) -> str:
         first = runs[d]["first_unplaceable"]
         if first is not None:
             out.append(f"{d}: first unplaceable {first['pod']} ({first['claim']}): {first['reason']}")
+    return "\n".join(out)
+
+
+SYNTHETIC_RATIO_KEYS = (
+    "pods_scheduled_per_s",
+    "api_requests_per_pod",
+    "pods_scheduled",
+    "admitted_before_first_unplaceable",
+    "stranded_gpus",
+    "multi_gpu_ideal_set_share",
+    "multi_gpu_nvlink_optimal_share",
+)
+
+
+def synthetic_ratios(tangram: Mapping[str, Any], baseline: Mapping[str, Any]) -> dict[str, float | None]:
+    """tangram / kube-scheduler per figure of a synthetic-nodes run; None where the baseline is 0
+    or missing."""
+    out = {key: _ratio(tangram.get(key), baseline.get(key)) for key in SYNTHETIC_RATIO_KEYS}
+    for p in ("p50_ms", "p99_ms"):
+        out[f"create_to_scheduled_{p}"] = _ratio(
+            tangram["measured_create_to_scheduled"][p], baseline["measured_create_to_scheduled"][p]
+        )
+    return out
+
+
+def synthetic_table(result: Mapping[str, Any]) -> str:
+    """A synthetic-nodes run as a table: one row per figure, one column per decider (and the ratio)."""
+    runs = result["runs"]
+    deciders = list(runs)
+    ratio = result.get("tangram_over_kube_scheduler") or {}
+    rows: list[tuple[str, list[Any], Any]] = []
+    for key, label in (
+        ("pods_created", "pods created"),
+        ("pods_scheduled", "pods scheduled"),
+        ("pods_scheduled_per_s", "pods scheduled/s (measured phase)"),
+        ("api_requests_per_pod", "API requests per pod"),
+        ("admitted_before_first_unplaceable", "admitted before first unplaceable"),
+        ("stranded_gpus", "stranded GPUs"),
+        ("multi_gpu_ideal_set_share", "on an ideal NVLink set"),
+        ("multi_gpu_nvlink_optimal_share", "on the best NVLink set available"),
+        ("allocator_cpu_s_per_pod", "allocator CPU s per pod"),
+        ("allocator_peak_rss_mb", "allocator peak RSS MB"),
+    ):
+        rows.append((label, [runs[d].get(key) for d in deciders], ratio.get(key)))
+    for p in ("p50_ms", "p99_ms"):
+        rows.append(
+            (
+                f"create -> scheduled {p[:3]} ms",
+                [runs[d]["measured_create_to_scheduled"][p] for d in deciders],
+                ratio.get(f"create_to_scheduled_{p}"),
+            )
+        )
+    header = ["", *deciders, *(["tangram / kube-scheduler"] if ratio else [])]
+    lines = [[label, *map(_cell, values), *([_cell(r)] if ratio else [])] for label, values, r in rows]
+    widths = [max(len(str(row[i])) for row in [header, *lines]) for i in range(len(header))]
+    machines = ", ".join(f"{count} {machine}" for machine, count in result["machines"].items())
+    out = [
+        f"tangram bench kubernetes --synthetic-nodes: workload {result['workload']}, seed {result['seed']}, "
+        f"{result['nodes']} nodes ({machines}), {result['gpus']} GPUs, concurrency {result['concurrency']}"
+    ]
+    for row in [header, *lines]:
+        out.append(
+            "  ".join(
+                str(cell).ljust(widths[i]) if i == 0 else str(cell).rjust(widths[i])
+                for i, cell in enumerate(row)
+            )
+        )
     return "\n".join(out)
