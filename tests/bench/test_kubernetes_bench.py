@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from services.allocator.settings import AllocatorSettings
@@ -14,6 +15,7 @@ from tangram.bench import kubernetes as kb
 from tangram.bench.kubesim import clean_machine
 from tangram.bench.traces import Arrival, ClaimShape, Departure, alive_at_end, machine_hardware
 from tangram.dra import node_devices
+from tangram.events import MigPlacement, PartitionRequested
 from tangram.kubernetes.objects.names import SCHEDULING_GATE
 
 ONE = ClaimShape("gpu", 1)
@@ -273,3 +275,32 @@ def test_both_deciders_run_unless_told_otherwise() -> None:
     parser = argparse.ArgumentParser()
     kb.add_arguments(parser)
     assert kb.deciders_of(parser.parse_args([]).deciders) == ["kube-scheduler", "tangram"]
+
+
+def test_a_synthetic_node_reports_each_partition_command_carried_out_at_once() -> None:
+    placement = MigPlacement(start=4, size=2)
+    create = PartitionRequested(
+        key="n1",
+        command_id="cmd-1",
+        node="n1",
+        action="create",
+        gpu_uuid="GPU-1",
+        gpu_index=3,
+        profile="2g.35gb",
+        profile_id=14,
+        placement=placement,
+        claim_uid="uid-1",
+    )
+    made = kb.instant_result(create)
+    assert (made.command_id, made.node, made.claim_uid, made.action) == ("cmd-1", "n1", "uid-1", "create")
+    assert (made.gpu_uuid, made.gpu_index, made.profile, made.placement) == ("GPU-1", 3, "2g.35gb", placement)
+    assert made.mig_uuid.startswith("MIG-") and made.gpu_instance_id == 5 and made.compute_instance_id == 0
+    assert made.event_id == "cmd-1-result" and made.subject == "tangram.node.n1.partition.applied"
+    destroy = msgspec.structs.replace(create, command_id="cmd-2", action="destroy", mig_uuid=made.mig_uuid)
+    gone = kb.instant_result(destroy)
+    assert (gone.action, gone.mig_uuid, gone.gpu_instance_id, gone.compute_instance_id) == (
+        "destroy",
+        made.mig_uuid,
+        -1,
+        -1,
+    )

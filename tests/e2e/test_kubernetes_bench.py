@@ -278,3 +278,26 @@ async def test_synthetic_nodes_are_filled_then_churned_by_each_decider(
         for s in slices.items
         if s.spec.node_name and s.spec.node_name.startswith(f"sy{suffix}-")
     ]
+
+
+async def test_tangram_places_mig_claims_on_synthetic_nodes_whose_partitioners_answer_at_once(
+    controlplane: ControlPlane, kube: Any, unique: str
+) -> None:
+    suffix = unique.rsplit("-", 1)[-1]
+    nodes = kb.synthetic_fleet(1, "mixed", prefix=f"sm{suffix}-")  # one hgx-h200
+    phases = kb.mixed_phases(8, pods=0, saturation=0.8, seed=6)
+    arrivals = [op for op in phases[0].ops if isinstance(op, Arrival)]
+    assert any(op.shape.kind == "mig" for op in arrivals)
+    report = await kb.run_synthetic(
+        kube,
+        controlplane.kubeconfig,
+        nodes,
+        phases,
+        kb.tangram_decider(controlplane.kubeconfig),
+        namespace=f"sm{suffix}",
+        concurrency=4,
+        rate=0,
+    )
+    # MIG 1g and 3g, four 1-GPU and one NVLink pair: room for all of them, MIG ones included
+    assert (report["pods_created"], report["pods_scheduled"]) == (len(arrivals), len(arrivals)), report
+    assert report["first_unplaceable"] is None

@@ -69,6 +69,7 @@ from tangram.bench.kubernetes.report import (
 from tangram.bench.kubernetes.runner import run_decider
 from tangram.bench.kubernetes.synthetic import (
     WORKLOADS,
+    instant_result,
     mixed_phases,
     run_synthetic,
     scheduler_perf_phases,
@@ -92,7 +93,9 @@ __all__ = [
     "bench",
     "deciders_of",
     "fleet",
+    "instant_result",
     "kube_scheduler_decider",
+    "mixed_phases",
     "node_hardware",
     "pod_manifest",
     "pod_name",

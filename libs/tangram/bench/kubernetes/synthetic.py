@@ -50,7 +50,15 @@ from tangram.bench.kubernetes.report import PlacementTally, PodRecord, latency_m
 from tangram.bench.kubesim import BenchError, until
 from tangram.bench.traces import Arrival, ClaimShape, Departure, Op
 from tangram.bus import Bus, BusConfig
-from tangram.events import NodeHardware, NodeInventory, subject_token
+from tangram.events import (
+    NODES_STREAM,
+    Event,
+    NodeHardware,
+    NodeInventory,
+    PartitionApplied,
+    PartitionRequested,
+    subject_token,
+)
 from tangram.kubernetes.api import KubeApiError, SlicePublisher, call, call_json
 from tangram.kubernetes.api.layout import detect_layout, layout_slices
 from tangram.kubernetes.api.watching import list_then_watch
@@ -156,27 +164,80 @@ async def deciding_allocator(
     cluster.start()
     try:
         bus = await Bus.connect(BusConfig(servers=cluster.urls, name="bench", producer="bench"), wait_s=30)
+        stop = asyncio.Event()
+        partitioners: asyncio.Task[None] | None = None
         try:
             await bus.ensure_streams()
             for hw in hardware:
                 await bus.publish(NodeInventory(key=subject_token(hw.node), hardware=hw))
+            partitioners = asyncio.create_task(answer_partitions(bus, stop))
+            names = {hw.node for hw in hardware}
+
+            async def holds_every_node() -> bool:
+                dead = cluster.dead()
+                if dead:
+                    raise BenchError("allocator exited: " + "; ".join(dead))
+                state = await _state(port)
+                return state is not None and names <= set(state.get("allocated") or {})
+
+            await until(
+                "the allocator holding every node's inventory", holds_every_node, ALLOCATOR_READY_S, every=0.5
+            )
+            yield cluster
         finally:
+            stop.set()
+            if partitioners is not None:
+                partitioners.cancel()
+                await asyncio.gather(partitioners, return_exceptions=True)
             await bus.close()
-        names = {hw.node for hw in hardware}
-
-        async def holds_every_node() -> bool:
-            dead = cluster.dead()
-            if dead:
-                raise BenchError("allocator exited: " + "; ".join(dead))
-            state = await _state(port)
-            return state is not None and names <= set(state.get("allocated") or {})
-
-        await until(
-            "the allocator holding every node's inventory", holds_every_node, ALLOCATOR_READY_S, every=0.5
-        )
-        yield cluster
     finally:
         cluster.stop()
+
+
+async def answer_partitions(bus: Bus, stop: asyncio.Event) -> None:
+    """The synthetic nodes' partitioners, answering every command at once and always with success
+    (as scheduler_perf's nodes have no kubelet): a MIG instance Tangram asks for exists the moment
+    it is asked for, one it gives up is gone. Without this, Tangram's MIG decisions would wait for
+    nodes that do not exist, while kube-scheduler's need nothing of the node to bind."""
+    commands: asyncio.Queue[PartitionRequested] = asyncio.Queue()
+
+    def each(event: Event) -> None:
+        if isinstance(event, PartitionRequested):
+            commands.put_nowait(event)
+
+    async def answer() -> None:
+        while True:
+            command = await commands.get()
+            await bus.publish(instant_result(command))
+
+    answering = asyncio.create_task(answer())
+    try:
+        await bus.follow(NODES_STREAM, "tangram.node.*.partition.requested", each, stop=stop)
+    finally:
+        answering.cancel()
+        await asyncio.gather(answering, return_exceptions=True)
+
+
+def instant_result(command: PartitionRequested) -> PartitionApplied:
+    """What a node's partitioner reports once a command is carried out, made up for a node with no
+    GPUs: the instance's ids follow from its placement, its UUID from the command."""
+    made = command.action == "create"
+    return PartitionApplied(
+        key=subject_token(command.node),
+        event_id=f"{command.command_id}-result",
+        producer="bench",
+        command_id=command.command_id,
+        node=command.node,
+        claim_uid=command.claim_uid,
+        action=command.action,
+        gpu_uuid=command.gpu_uuid,
+        gpu_index=command.gpu_index,
+        profile=command.profile,
+        placement=command.placement,
+        mig_uuid=f"MIG-synthetic-{command.command_id}" if made else command.mig_uuid,
+        gpu_instance_id=command.placement.start + 1 if made else -1,
+        compute_instance_id=0 if made else -1,
+    )
 
 
 async def _state(port: int) -> dict[str, Any] | None:
@@ -238,6 +299,9 @@ class _Pods:
 
     records: dict[str, PodRecord] = field(default_factory=dict)
     bound: int = 0
+    # deleted by the workload before they were seen bound: whether they would have been placed is
+    # not known, so they count neither as admitted nor as unplaceable
+    deleted_unbound: set[str] = field(default_factory=set)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def on_change(self, kind: str, pod: dict[str, Any]) -> None:
@@ -272,6 +336,9 @@ async def _drive(
         await call(f"create pod {name}", core.create_namespaced_pod(namespace, manifest))
 
     async def delete(name: str) -> None:
+        record = pods.records.get(name)
+        if record is not None and record.scheduled is None:
+            pods.deleted_unbound.add(name)
         with contextlib.suppress(KubeApiError):
             await call(
                 f"delete pod {name}", core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
@@ -311,7 +378,7 @@ async def _settled(pods: _Pods, names: Sequence[str]) -> None:
     """Until every pod of `names` is bound, or none has been bound for QUIET_S."""
     deadline = time.monotonic() + PHASE_LIMIT_S
     while time.monotonic() < deadline:
-        if all(pods.records[n].scheduled is not None for n in names):
+        if all(pods.records[n].scheduled is not None or n in pods.deleted_unbound for n in names):
             return
         pods.changed.clear()
         try:
@@ -447,7 +514,7 @@ async def _measure(
         stop.set()
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
-    records = [pods.records[n] for n in all_created]
+    records = [pods.records[n] for n in all_created if n not in pods.deleted_unbound]
     measured = next(figures[p.name] for p in phases if p.measured)
     report = run_report(
         records, stranded_gpus=tally.stranded_gpus(), nvlink=tally.nvlink, departures=departures
@@ -457,6 +524,7 @@ async def _measure(
     return {
         "decider": decider.name,
         **report,
+        "pods_deleted_before_bound": len(pods.deleted_unbound),
         "phases": figures,
         "pods_scheduled_per_s": measured["pods_scheduled_per_s"],
         "measured_create_to_scheduled": measured["create_to_scheduled"],
