@@ -56,18 +56,20 @@ import (
 const readyPrefix = "TANGRAM-CONTROLPLANE READY "
 
 type settings struct {
-	dataDir           string
-	apiserverPort     int
-	etcdPort          int
-	etcdPeerPort      int
-	schedulerPort     int
-	controllerPort    int
-	featureGates      string
-	runtimeConfig     string
-	controllers       string
-	verbosity         int
-	readyTimeout      time.Duration
-	apiserverExtraArg multiFlag
+	dataDir            string
+	apiserverPort      int
+	etcdPort           int
+	etcdPeerPort       int
+	schedulerPort      int
+	controllerPort     int
+	featureGates       string
+	runtimeConfig      string
+	controllers        string
+	verbosity          int
+	readyTimeout       time.Duration
+	apiserverExtraArg  multiFlag
+	controllerExtraArg multiFlag
+	schedulerExtraArg  multiFlag
 }
 
 type multiFlag []string
@@ -110,6 +112,8 @@ func main() {
 	flag.IntVar(&s.verbosity, "v", 0, "log verbosity of the Kubernetes components")
 	flag.DurationVar(&s.readyTimeout, "ready-timeout", 3*time.Minute, "give up when not ready within this time")
 	flag.Var(&s.apiserverExtraArg, "apiserver-arg", "extra kube-apiserver flag, e.g. --apiserver-arg=--foo=bar (repeatable)")
+	flag.Var(&s.controllerExtraArg, "controller-manager-arg", "extra kube-controller-manager flag (repeatable)")
+	flag.Var(&s.schedulerExtraArg, "scheduler-arg", "extra kube-scheduler flag (repeatable)")
 	flag.Parse()
 	if err := run(s); err != nil {
 		fmt.Fprintf(os.Stderr, "controlplane: %v\n", err)
@@ -288,6 +292,7 @@ func prepareControllerManager(s settings, p paths) (starter, error) {
 	}
 	known, disabled, aliases := kcmapp.KnownControllers(), kcmapp.ControllersDisabledByDefault(), kcmapp.ControllerAliases()
 	args := append(componentArgs(s, p, s.controllerPort), "--controllers="+s.controllers, "--cert-dir="+filepath.Join(p.pki, "kcm"))
+	args = append(args, s.controllerExtraArg...)
 	if err := parse("kube-controller-manager", opts.Flags(known, disabled, aliases), args); err != nil {
 		return nil, err
 	}
@@ -311,6 +316,7 @@ func prepareControllerManager(s settings, p paths) (starter, error) {
 func prepareScheduler(s settings, p paths) (starter, error) {
 	opts := scheduleroptions.NewOptions()
 	args := append(componentArgs(s, p, s.schedulerPort), "--cert-dir="+filepath.Join(p.pki, "scheduler"))
+	args = append(args, s.schedulerExtraArg...)
 	if err := parse("kube-scheduler", *opts.Flags, args); err != nil {
 		return nil, err
 	}

@@ -63,9 +63,10 @@ def clean_machine(machine: str, folder: Path) -> Path:
 
 
 @contextlib.asynccontextmanager
-async def control_plane() -> AsyncIterator[tuple[ControlPlane, Any]]:
-    """A fresh control plane and a cluster-admin client for it; both stopped on the way out."""
-    plane = ControlPlane()
+async def control_plane(*, client_qps: int | None = None) -> AsyncIterator[tuple[ControlPlane, Any]]:
+    """A fresh control plane and a cluster-admin client for it; both stopped on the way out.
+    `client_qps`: kube-controller-manager's and kube-scheduler's request rate (ControlPlane's)."""
+    plane = ControlPlane(client_qps=client_qps)
     await asyncio.to_thread(plane.start)
     try:
         api = await plane.client()

@@ -218,6 +218,7 @@ class ControlPlane:
         runtime_config: str = "",
         controllers: Iterable[str] = (),
         startup_timeout: float = 120.0,
+        client_qps: int | None = None,
     ) -> None:
         self._binary = binary
         self.release = release
@@ -227,6 +228,11 @@ class ControlPlane:
         self.runtime_config = runtime_config or release.runtime_config(self.feature_gates)
         self.controllers = tuple(controllers)
         self.startup_timeout = startup_timeout
+        # kube-controller-manager's and kube-scheduler's own request rate to the API server (their
+        # defaults, 20 and 50 a second, when None): a benchmark of hundreds of pods at once lifts
+        # them, as scheduler_perf runs its components unthrottled, or the controller that makes
+        # each pod's claim would set the pace for every decider alike.
+        self.client_qps = client_qps
         self._process: subprocess.Popen[str] | None = None
         self._reader: threading.Thread | None = None
         self._ready = threading.Event()
@@ -295,6 +301,10 @@ class ControlPlane:
             command.append(f"--runtime-config={self.runtime_config}")
         if self.controllers:
             command.append(f"--controllers={','.join(self.controllers)}")
+        if self.client_qps is not None:
+            limits = [f"--kube-api-qps={self.client_qps}", f"--kube-api-burst={2 * self.client_qps}"]
+            command += [f"--controller-manager-arg={flag}" for flag in limits]
+            command += [f"--scheduler-arg={flag}" for flag in limits]
         self._ready.clear()
         self._ready_line = None
         self._output = []
