@@ -24,6 +24,18 @@ def uid_of(obj: dict[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("uid", ""))
 
 
+def older(obj: dict[str, Any], than: dict[str, Any]) -> bool:
+    """Whether `obj` is an older version of the same object than `than`: a watch event can reach
+    the bridge after the claim writer kept the newer claim its own write returned. The API server's
+    resourceVersions come from etcd's revision, which only grows; one that is not a number is
+    never judged older."""
+    if uid_of(obj) != uid_of(than):
+        return False
+    mine = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+    kept = str((than.get("metadata") or {}).get("resourceVersion", ""))
+    return mine.isdigit() and kept.isdigit() and int(mine) < int(kept)
+
+
 class ClusterView:
     def __init__(self) -> None:
         self.classes: dict[str, dict[str, Any]] = {}

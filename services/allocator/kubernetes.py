@@ -12,6 +12,12 @@ claim and its pods, and the claim is asked again whenever capacity is released (
 failed for want of capacity: a claim at fault fails the same way again, and one no node could
 ever hold waits for the fleet's nodes to change).
 
+Decisions are acted on as they come, up to `max_writes` at once (each is a write or two to the
+API server, and hundreds of pods arriving together must not wait for each other's round trips);
+the answers about one claim keep their order, and claims are asked again after a release only
+once the answers before it are acted on. A watch event older than the claim the writer kept from
+its own write is ignored.
+
 Claims are asked fairly: each namespace waits in its own line, the lines take turns, and only
 `max_in_flight` claims are asked and not yet answered (decided, and the decision written) at a
 time, so a namespace that floods the cluster with claims delays another namespace's claim by a
@@ -27,6 +33,7 @@ The pure rules (whose claim is it, what is written) are in `tangram.kubernetes.o
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -35,7 +42,7 @@ from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
 
 from services.allocator.asking import MAX_IN_FLIGHT, FairAsker
 from services.allocator.claimwriter import ClaimWriter
-from services.allocator.clusterview import ClusterView, Key, key_of, uid_of
+from services.allocator.clusterview import ClusterView, Key, key_of, older, uid_of
 from services.allocator.gates import PodGates
 from services.allocator.requester import ClaimRequester
 from tangram.allocation.ledger import Ledger
@@ -56,6 +63,15 @@ from tangram.service import first
 log = logging.getLogger("tangram.allocator.kubernetes")
 
 Publish = Callable[[Event], Awaitable[object]]
+# Decisions acted on at once: enough to keep a write pipeline full against an API server's
+# round trip, few enough that a burst does not trip its priority-and-fairness limits.
+MAX_WRITES = 16
+
+
+def _forget(last: dict[str, asyncio.Task[None]], keys: set[str], done: asyncio.Task[None]) -> None:
+    for key in keys:
+        if last.get(key) is done:
+            del last[key]
 
 
 class ClaimBridge:
@@ -69,6 +85,7 @@ class ClaimBridge:
         request_timeout_s: float = 10.0,
         watch_timeout_s: int = 300,
         max_in_flight: int = MAX_IN_FLIGHT,
+        max_writes: int = MAX_WRITES,
     ) -> None:
         self._resource = ResourceV1Api(api)
         self._core = CoreV1Api(api)
@@ -76,6 +93,7 @@ class ClaimBridge:
         self._publish = publish
         self._timeout = request_timeout_s
         self._watch_timeout = watch_timeout_s
+        self._max_writes = max_writes
         self._view = ClusterView()
         self._requester = ClaimRequester(
             self._view, ledger, publish, producer=producer, max_in_flight=max_in_flight
@@ -92,7 +110,8 @@ class ClaimBridge:
             producer=producer,
             request_timeout_s=request_timeout_s,
         )
-        self._queue: asyncio.Queue[tuple[Event, list[Event]]] = asyncio.Queue()
+        # the decisions to act on, in the allocator's order (or an answer's own failure)
+        self._queue: asyncio.Queue[tuple[Event, list[Event]] | Exception] = asyncio.Queue()
         self.synced = asyncio.Event()  # every kind listed once and the resync done
 
     # --- what the bridge has seen ---------------------------------------------------------------
@@ -132,26 +151,74 @@ class ClaimBridge:
         self._queue.put_nowait((event, outputs))
 
     async def _answer(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            event, outputs = await self._queue.get()
-            try:
-                for output in outputs:
-                    if isinstance(output, ClaimAllocated):
-                        await self._write(output)
-                    elif isinstance(output, ClaimFailed):
-                        await self._failed(output)
+        """Act on the decisions as they come, up to `max_writes` at once: each is a write or two
+        to the API server, and hundreds of pods arriving together must not wait for each other's
+        round trips. The answers about one claim stay in the order they were decided."""
+        slots = asyncio.Semaphore(self._max_writes)
+        last: dict[str, asyncio.Task[None]] = {}  # claim uid -> its latest answer, not yet done
+        running: set[asyncio.Task[None]] = set()
+        try:
+            while not stop.is_set():
+                item = await self._queue.get()
+                if isinstance(item, Exception):
+                    raise item  # an answer failed other than by the API server refusing: ours
+                event, outputs = item
                 if (
                     isinstance(event, ClaimReleased)
                     or (isinstance(event, PartitionApplied) and event.action == "destroy")
                     or (isinstance(event, ClaimRequested) and event.allocation is not None and outputs)
                 ):
-                    # capacity freed, or a claim decided again after another writer's allocation
-                    self._retry_pending()
-            except KubeApiError as error:
-                log.warning("cannot act on a decision in Kubernetes", extra={"error": str(error)})
-            finally:
-                if isinstance(event, ClaimRequested):
-                    self._asker.answered(event.uid)
+                    # capacity freed, or a claim decided again after another writer's allocation:
+                    # asked again once the answers before it are acted on (a failure not yet
+                    # recorded would not be asked again)
+                    retry = asyncio.create_task(self._retry_after(list(running)))
+                    running.add(retry)
+                    retry.add_done_callback(running.discard)
+                uid = event.uid if isinstance(event, ClaimRequested) else None
+                acts = [o for o in outputs if isinstance(o, ClaimAllocated | ClaimFailed)]
+                if not acts and uid is None:
+                    continue
+                await slots.acquire()
+                keys = {a.uid for a in acts} | ({uid} if uid else set())
+                before = [last[k] for k in keys if k in last]
+                task = asyncio.create_task(self._act(acts, uid, before, slots))
+                running.add(task)
+                task.add_done_callback(running.discard)
+                for key in keys:
+                    last[key] = task
+                task.add_done_callback(functools.partial(_forget, last, keys))
+        finally:
+            for task in list(running):
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+
+    async def _retry_after(self, earlier: list[asyncio.Task[None]]) -> None:
+        await asyncio.gather(*earlier, return_exceptions=True)
+        self._retry_pending()
+
+    async def _act(
+        self,
+        acts: list[ClaimAllocated | ClaimFailed],
+        asked: str | None,
+        before: list[asyncio.Task[None]],
+        slots: asyncio.Semaphore,
+    ) -> None:
+        try:
+            if before:
+                await asyncio.gather(*before, return_exceptions=True)
+            for act in acts:
+                if isinstance(act, ClaimAllocated):
+                    await self._write(act)
+                else:
+                    await self._failed(act)
+        except KubeApiError as error:
+            log.warning("cannot act on a decision in Kubernetes", extra={"error": str(error)})
+        except Exception as error:
+            self._queue.put_nowait(error)
+        finally:
+            slots.release()
+            if asked is not None:
+                self._asker.answered(asked)
 
     async def _write(self, allocated: ClaimAllocated) -> None:
         await self._writer.write(allocated)  # `ClaimWriter.write`
@@ -259,6 +326,8 @@ class ClaimBridge:
             self._view.claims.pop(key, None)
             await self._claim_gone(obj)
             return
+        if before is not None and older(obj, before):
+            return  # the writer already keeps a newer version (its own write's answer)
         if before is not None and uid_of(before) != uid_of(obj):
             await self._claim_gone(before)
             before = None

@@ -4,6 +4,7 @@ concurrency)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,6 +21,7 @@ from tangram.kubernetes.objects.claimbridge import claim_requested
 from tangram.kubernetes.objects.deviceclasses import load_shipped_device_classes
 from tangram.kubernetes.objects.names import SCHEDULING_GATE
 from tests.allocator.helpers import inventory
+from tests.support.polling import until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.controlplane]
 
@@ -245,3 +247,76 @@ async def test_only_the_claims_that_freed_capacity_may_help_are_asked_again(setu
     setup.ledger.apply(inventory("hgx-h200", "second-node"), live=False)
     setup.bridge._retry_pending()
     assert asked_again() == {"waiting", "too-big"}
+
+
+async def test_decisions_are_written_concurrently_and_each_claims_answers_in_order(setup: Setup) -> None:
+    """Hundreds of pods arriving together must not wait for each other's round trips: the first
+    write is held until a second one has started (sequential writes would never release it)."""
+    claims = [await setup.claim(f"burst-{n}") for n in range(6)]
+    decisions = [setup.decide(claim) for claim in claims]
+    for claim in claims:
+        setup.bridge.claims[(setup.namespace, claim["metadata"]["name"])] = claim
+    writer = setup.bridge._writer._resource
+    original = writer.replace_namespaced_resource_claim_status
+    second_started = asyncio.Event()
+    first_saw_second: list[bool] = []
+    calls = 0
+
+    async def held_first(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            try:
+                await asyncio.wait_for(second_started.wait(), 30)
+                first_saw_second.append(True)
+            except TimeoutError:
+                first_saw_second.append(False)
+        else:
+            second_started.set()
+        return await original(*args, **kwargs)
+
+    writer.replace_namespaced_resource_claim_status = held_first
+    # one claim is refused, then decided: its two answers must land in that order
+    late = await setup.claim("late")
+    setup.bridge.claims[(setup.namespace, "late")] = late
+    refused = ClaimFailed(
+        key=late["metadata"]["uid"],
+        uid=late["metadata"]["uid"],
+        namespace=setup.namespace,
+        name="late",
+        reason="no node has a free GPU",
+        cause="capacity",
+        attempt=1,
+    )
+    for event in decisions[:3]:
+        setup.bridge.notice(event, [event])
+    setup.bridge.notice(refused, [refused])
+    for event in decisions[3:]:
+        setup.bridge.notice(event, [event])
+    late_allocated = setup.decide(late)
+    setup.bridge.notice(late_allocated, [late_allocated])
+    stop = asyncio.Event()
+    answering = asyncio.create_task(setup.bridge._answer(stop))
+    try:
+
+        async def all_written() -> bool:
+            names = [c["metadata"]["name"] for c in claims] + ["late"]
+            read = [await setup.read(n) for n in names]
+            return all((claim.get("status") or {}).get("allocation") for claim in read)
+
+        await until("every decision written", all_written, 60)
+    finally:
+        stop.set()
+        answering.cancel()
+        await asyncio.gather(answering, return_exceptions=True)
+    assert first_saw_second == [True]
+    for claim, decided in zip(claims, decisions, strict=True):
+        [result] = (await setup.read(claim["metadata"]["name"]))["status"]["allocation"]["devices"]["results"]
+        assert result["device"] == decided.devices[0].device
+    [result] = (await setup.read("late"))["status"]["allocation"]["devices"]["results"]
+    assert result["device"] == late_allocated.devices[0].device
+    # the refusal was acted on before the allocation: acted on after it, it would have found the
+    # allocation written and handed it to the ledger as another writer's
+    assert setup.published == []
+    events = await call("list events", setup.core.list_namespaced_event(setup.namespace))
+    assert [e.reason for e in events.items if e.involved_object.name == "late"] == ["TangramUnschedulable"]
