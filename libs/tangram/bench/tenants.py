@@ -9,8 +9,10 @@ scheduling gate (as admission adds it), so the allocator decides it. Two phases,
   one before is allocated: a MIG 1g.18gb slice of an H200, which always fits;
 - flood: the flood namespace creates `--flood` claims at once, each for one whole L40S: the first
   eight are allocated, every other one fails for want of capacity (a decision, and a Warning Event
-  on the claim and its pod), and stays pending. Once the flood is created, and while the allocator
-  works through it, the quiet namespace creates the same quiet claims again.
+  on the claim and its pod), and stays pending. The allocator is held still (SIGSTOP) while the
+  flood is created, so that the flood waits as one burst however fast the allocator would keep
+  up with its creation; once it is let go, and while it works through the flood, the quiet
+  namespace creates the same quiet claims again.
 
 The flood asks for other hardware than the quiet claims, so the quiet claims never wait for
 capacity, only for the allocator's attention: their latency under the flood against alone is what
@@ -385,7 +387,10 @@ async def run_tenants(
                 alone_report = quiet_report(alone, loadavg=os.getloadavg(), phase_s=loop.time() - started)
 
                 started = loop.time()
-                await tenants.flood_all(flood)
+                # The flood arrives as one burst, however fast the allocator keeps up with its
+                # creation: held still while it is created, the allocator finds it all waiting.
+                with cluster.frozen("allocator"):
+                    await tenants.flood_all(flood)
                 created_at = loop.time()
                 under = await tenants.quiet([f"flood-phase-{n}" for n in range(quiet)])
                 await tenants.drained(flood, drain_wait_s)

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import random
-import signal
 import time
 import uuid
 from collections import Counter, deque
@@ -236,13 +234,8 @@ class ChaosWorkload:
                 await self._forged()
             case "delay-results":
                 name = f"partitioner@{self.rng.choice(self.config.nodes).name}"
-                process = self.cluster.service(name).process
-                if process.poll() is None:
-                    os.kill(process.pid, signal.SIGSTOP)
-                    try:
-                        await asyncio.sleep(self.rng.uniform(0.5, 3.0))
-                    finally:
-                        os.kill(process.pid, signal.SIGCONT)
+                with self.cluster.frozen(name):
+                    await asyncio.sleep(self.rng.uniform(0.5, 3.0))
 
     async def _duplicate(self) -> None:
         """A recent input event stored again: once with its own Msg-Id (JetStream keeps one) and

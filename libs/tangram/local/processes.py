@@ -3,11 +3,13 @@ own OS process."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -210,6 +212,20 @@ class LocalCluster:
 
     def service(self, name: str) -> ServiceProcess:
         return next(p for p in self.processes if p.name == name)
+
+    @contextlib.contextmanager
+    def frozen(self, name: str) -> Iterator[None]:
+        """The service stopped in its tracks (SIGSTOP) while the block runs, then let go (SIGCONT):
+        a process descheduled for a while, its connections still open."""
+        process = self.service(name).process
+        if process.poll() is not None:
+            yield
+            return
+        os.kill(process.pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(process.pid, signal.SIGCONT)
 
     def crash(self, name: str) -> None:
         """kill -9, as a node losing power or the OOM killer would."""
