@@ -269,15 +269,16 @@ async def test_synthetic_nodes_are_filled_then_churned_by_each_decider(
     assert reports["tangram"]["allocator_cpu_s_per_pod"] > 0
     assert reports["tangram"]["allocator_peak_rss_mb"] > 0
     assert reports["kube-scheduler"]["allocator_cpu_s_per_pod"] is None
-    # the synthetic nodes (and their slices) are gone with the run
+    # the synthetic nodes are gone with the run, and their slices with them (the garbage collector
+    # follows the slices' owner, the Node)
     listed = await call("list nodes", CoreV1Api(kube).list_node())
     assert not [n.metadata.name for n in listed.items if n.metadata.name.startswith(f"sy{suffix}-")]
-    slices = await call("list slices", ResourceV1Api(kube).list_resource_slice())
-    assert not [
-        s.metadata.name
-        for s in slices.items
-        if s.spec.node_name and s.spec.node_name.startswith(f"sy{suffix}-")
-    ]
+
+    async def slices_gone() -> bool:
+        slices = await call("list slices", ResourceV1Api(kube).list_resource_slice())
+        return not [s for s in slices.items if (s.spec.node_name or "").startswith(f"sy{suffix}-")]
+
+    await until("the synthetic nodes' slices collected", slices_gone, 60)
 
 
 async def test_tangram_places_mig_claims_on_synthetic_nodes_whose_partitioners_answer_at_once(

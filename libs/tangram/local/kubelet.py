@@ -19,10 +19,10 @@ from typing import Any
 
 import grpc
 from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api, V1DeleteOptions, V1Preconditions
-from kubernetes_asyncio.watch import Watch
 
 from tangram.kubelet.client import ClaimHandle, KubeletClient
 from tangram.kubernetes.api import KubeApiError, call
+from tangram.kubernetes.api.watching import AbandoningWatch
 from tangram.kubernetes.objects.times import kube_time
 
 log = logging.getLogger("tangram.local.kubelet")
@@ -70,7 +70,7 @@ class NodeKubelet:
             await self._reconcile(pod, deleted=False)
         stopped = asyncio.create_task(stop.wait())
         try:
-            async with Watch() as watch:
+            async with AbandoningWatch() as watch:
                 stream = watch.stream(
                     self._core.list_pod_for_all_namespaces,
                     field_selector=selector,

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
-from kubernetes_asyncio.watch import Watch
 
 from tangram import DRIVER_NAME
 from tangram.bench.kubernetes.deciders import Decider
@@ -27,6 +26,7 @@ from tangram.bench.kubesim import BenchError, simulated_nodes, until
 from tangram.bench.traces import Arrival, Op
 from tangram.events.inventory import NodeHardware
 from tangram.kubernetes.api import KubeApiError, call, call_json
+from tangram.kubernetes.api.watching import AbandoningWatch
 from tangram.local.kubelet import NodeKubelet
 
 DECISION_WAIT_S = 120.0  # a pod with no decision by then counts as not placed
@@ -78,7 +78,7 @@ class _Run:
                 listed = await call("list bench pods", self.core.list_namespaced_pod(self.namespace))
                 for pod in listed.items:
                     self.observe(pod, loop.time())
-                async with Watch() as watch:
+                async with AbandoningWatch() as watch:
                     stream = watch.stream(
                         self.core.list_namespaced_pod,
                         self.namespace,

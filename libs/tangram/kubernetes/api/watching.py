@@ -40,7 +40,7 @@ async def list_then_watch(
         try:
             version = await relist()
             failures = 0
-            async with Watch(return_type="object") as stream:
+            async with AbandoningWatch(return_type="object") as stream:
                 async for change in stream.stream(
                     watch_call,
                     resource_version=version,
@@ -59,3 +59,19 @@ async def list_then_watch(
                 extra={"error": f"{type(error).__name__}: {error}", "retry_in_s": delay},
             )
             await asyncio.sleep(delay)
+
+
+class AbandoningWatch(Watch):  # type: ignore[misc]  # kubernetes_asyncio is untyped
+    """A watch whose stream, left while the API server still streams it (cancelled, or broken), is
+    dropped at once. Closed politely, TLS would wait for the server's close_notify, which a server
+    busy streaming may not send for up to asyncio's 30 s shutdown timeout: the socket would stay
+    open past its client's close and be left to the garbage collector."""
+
+    async def close(self) -> None:
+        response = self.resp
+        if response is not None and not response.content.at_eof():
+            connection = response.connection
+            transport = connection.transport if connection is not None else None
+            if transport is not None:
+                transport.abort()
+        await super().close()
