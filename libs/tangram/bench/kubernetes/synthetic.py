@@ -71,7 +71,9 @@ SCHEDULER_PERF_MACHINES = ("l40s-8",)
 MIXED_MACHINES = ("hgx-h200", "h100-nvl-4x2", "l40s-8")
 ONE_GPU = ClaimShape("gpu", 1)
 SETUP_CONCURRENCY = 16  # Nodes and slices written at once while the fleet is set up
-QUIET_S = 10.0  # a phase ends once every pod is bound, or none has been bound for this long
+# A phase ends once every pod is bound, or none has been bound for this long: a decider working
+# through a burst of thousands of watch events may bind nothing for many seconds.
+QUIET_S = 60.0
 PHASE_LIMIT_S = 1800.0
 ALLOCATOR_READY_S = 300.0
 
