@@ -8,6 +8,7 @@ import contextlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -185,12 +186,23 @@ def leading_allocator(cluster: LocalCluster) -> str | None:
 
 async def allocator_state(cluster: LocalCluster, name: str = "allocator") -> dict[str, Any]:
     """What a running allocator's ledger holds (its /state), read at the port it logged last."""
-    lines = cluster.service(name).log_path.read_text().splitlines()
-    port = next(
-        json.loads(line)["health_port"]
-        for line in reversed(lines)
-        if line.startswith("{") and "health_port" in line
+    return await allocator_state_at(logged_health_port(cluster.service(name).log_path))
+
+
+def logged_health_port(log: Path) -> int:
+    """The health port a service logged last in `log` (it picks a free one at each start)."""
+    lines = log.read_text().splitlines()
+    return int(
+        next(
+            json.loads(line)["health_port"]
+            for line in reversed(lines)
+            if line.startswith("{") and "health_port" in line
+        )
     )
+
+
+async def allocator_state_at(port: int) -> dict[str, Any]:
+    """What the allocator's ledger answering at `port` holds (its /state)."""
     async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/state") as answer:
         return dict(await answer.json())
 

@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 import yaml
 from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api, VersionApi
@@ -29,6 +28,7 @@ from tangram.kubernetes.objects.names import SCHEDULING_GATE
 from tangram.local.clusterup import READY
 from tangram.local.controlplane import Release
 from tangram.partitioning import MigExecutor
+from tests.e2e.kubecluster import allocator_state_at, logged_health_port
 from tests.partitioner.helpers import MINORS, sim
 from tests.support.polling import until
 
@@ -65,6 +65,16 @@ async def read_ready(process: asyncio.subprocess.Process) -> dict[str, Any]:
         if line.startswith(READY):
             parsed: dict[str, Any] = json.loads(line[len(READY) :])
             return parsed
+
+
+async def stopped(process: asyncio.subprocess.Process) -> str:
+    """SIGTERM to `tangram cluster up` (unless it ended), its exit awaited: it must be 0; its output."""
+    if process.returncode is None:
+        process.send_signal(signal.SIGTERM)
+    output = await asyncio.wait_for(process.communicate(), 120)
+    text = output[0].decode(errors="replace")
+    assert process.returncode == 0, text[-3000:]
+    return text
 
 
 async def running_pod(core: CoreV1Api, name: str) -> Any:
@@ -114,11 +124,8 @@ async def test_cluster_up_runs_an_example_pod_and_stops_on_sigterm(tmp_path: Pat
         finally:
             await api.close()
     finally:
-        if process.returncode is None:
-            process.send_signal(signal.SIGTERM)
-        output = await asyncio.wait_for(process.communicate(), 120)
-    assert process.returncode == 0, output[0].decode(errors="replace")[-3000:]
-    assert b"tangram cluster: stopped" in output[0]
+        text = await stopped(process)
+    assert "tangram cluster: stopped" in text
 
 
 MACHINE = "dgx-h100"
@@ -162,14 +169,7 @@ def allocation_managers(claim: Any) -> set[str]:
 
 async def ledger(workdir: Path) -> dict[str, Any]:
     """The leading allocator's ledger (its /state), at the health port it logged last."""
-    lines = (workdir / "logs" / "allocator.log").read_text().splitlines()
-    port = next(
-        json.loads(line)["health_port"]
-        for line in reversed(lines)
-        if line.startswith("{") and "health_port" in line
-    )
-    async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/state") as answer:
-        return dict(await answer.json())
+    return await allocator_state_at(logged_health_port(workdir / "logs" / "allocator.log"))
 
 
 async def test_cluster_up_tangram_decides_the_examples_on_each_kubernetes(
@@ -253,9 +253,5 @@ async def test_cluster_up_tangram_decides_the_examples_on_each_kubernetes(
         finally:
             await api.close()
     finally:
-        if process.returncode is None:
-            process.send_signal(signal.SIGTERM)
-        output = await asyncio.wait_for(process.communicate(), 120)
-    text = output[0].decode(errors="replace")
-    assert process.returncode == 0, text[-3000:]
+        text = await stopped(process)
     assert "tangram cluster: stopped" in text and "did not stop cleanly" not in text

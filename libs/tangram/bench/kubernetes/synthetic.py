@@ -300,7 +300,6 @@ class _Pods:
     """The run's pods, bound or not, as one watch of the namespace sees them."""
 
     records: dict[str, PodRecord] = field(default_factory=dict)
-    bound: int = 0
     # deleted by the workload before they were seen bound: whether they would have been placed is
     # not known, so they count neither as admitted nor as unplaceable
     deleted_unbound: set[str] = field(default_factory=set)
@@ -311,7 +310,6 @@ class _Pods:
         node = (pod.get("spec") or {}).get("nodeName")
         if record is not None and node and record.scheduled is None:
             record.scheduled, record.node = time.monotonic(), str(node)
-            self.bound += 1
             self.changed.set()
 
 
@@ -491,7 +489,6 @@ async def _measure(
         figures: dict[str, Any] = {}
         all_created: list[str] = []
         departures = 0
-        measured_pods = 0
         for phase in phases:
             started = time.monotonic()
             created = await _drive(
@@ -508,7 +505,6 @@ async def _measure(
             }
             all_created += created
             departures += sum(isinstance(op, Departure) for op in phase.ops)
-            measured_pods += len(created) if phase.measured else 0
         requests = await api_requests(api) - requests_before
         use_after = process_use(allocator_pid) if allocator_pid else None
         tally = await _placements(api, namespace, hardware)
