@@ -153,6 +153,19 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def _grid(deciders: list[str], rows: list[tuple[str, list[Any], Any]], *, with_ratio: bool) -> list[str]:
+    """The figures' rows under a header, one column per decider (and one for the ratio), aligned."""
+    header = ["", *deciders, *(["tangram / kube-scheduler"] if with_ratio else [])]
+    lines = [[label, *map(_cell, values), *([_cell(r)] if with_ratio else [])] for label, values, r in rows]
+    widths = [max(len(str(row[i])) for row in [header, *lines]) for i in range(len(header))]
+    return [
+        "  ".join(
+            str(cell).ljust(widths[i]) if i == 0 else str(cell).rjust(widths[i]) for i, cell in enumerate(row)
+        )
+        for row in [header, *lines]
+    ]
+
+
 def table(result: Mapping[str, Any]) -> str:
     """The report as a table: one row per figure, one column per decider (and the ratio)."""
     runs = result["runs"]
@@ -186,21 +199,12 @@ def table(result: Mapping[str, Any]) -> str:
                     ratio.get(f"{key}_{p}") if ratio else None,
                 )
             )
-    header = ["", *deciders, *(["tangram / kube-scheduler"] if ratio else [])]
-    lines = [[label, *map(_cell, values), *([_cell(r)] if ratio else [])] for label, values, r in rows]
-    widths = [max(len(str(row[i])) for row in [header, *lines]) for i in range(len(header))]
     out = [
         f"tangram bench kubernetes: seed {result['seed']}, {result['gpus']} GPUs on "
         + ", ".join(f"{n} ({m})" for n, m in result["nodes"].items())
-        + f", {result['trace_pods']} pods in the trace"
+        + f", {result['trace_pods']} pods in the trace",
+        *_grid(deciders, rows, with_ratio=bool(ratio)),
     ]
-    for row in [header, *lines]:
-        out.append(
-            "  ".join(
-                str(cell).ljust(widths[i]) if i == 0 else str(cell).rjust(widths[i])
-                for i, cell in enumerate(row)
-            )
-        )
     for d in deciders:
         first = runs[d]["first_unplaceable"]
         if first is not None:
@@ -257,19 +261,9 @@ def synthetic_table(result: Mapping[str, Any]) -> str:
                 ratio.get(f"create_to_scheduled_{p}"),
             )
         )
-    header = ["", *deciders, *(["tangram / kube-scheduler"] if ratio else [])]
-    lines = [[label, *map(_cell, values), *([_cell(r)] if ratio else [])] for label, values, r in rows]
-    widths = [max(len(str(row[i])) for row in [header, *lines]) for i in range(len(header))]
     machines = ", ".join(f"{count} {machine}" for machine, count in result["machines"].items())
-    out = [
+    title = (
         f"tangram bench kubernetes --synthetic-nodes: workload {result['workload']}, seed {result['seed']}, "
         f"{result['nodes']} nodes ({machines}), {result['gpus']} GPUs, concurrency {result['concurrency']}"
-    ]
-    for row in [header, *lines]:
-        out.append(
-            "  ".join(
-                str(cell).ljust(widths[i]) if i == 0 else str(cell).rjust(widths[i])
-                for i, cell in enumerate(row)
-            )
-        )
-    return "\n".join(out)
+    )
+    return "\n".join([title, *_grid(deciders, rows, with_ratio=bool(ratio))])
