@@ -51,6 +51,10 @@ class FairAsker:
     def in_flight(self) -> int:
         return len(self._in_flight)
 
+    @property
+    def waiting_count(self) -> int:
+        return len(self._waiting)
+
     def enqueue(self, namespace: str, uid: str) -> None:
         """Ask about the claim when its namespace's turn comes (once, however often it is put)."""
         self._waiting.push(namespace, uid)

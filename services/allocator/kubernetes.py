@@ -39,6 +39,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
+from prometheus_client import Gauge
 
 from services.allocator.asking import MAX_IN_FLIGHT, FairAsker
 from services.allocator.claimwriter import ClaimWriter
@@ -66,6 +67,13 @@ Publish = Callable[[Event], Awaitable[object]]
 # Decisions acted on at once: enough to keep a write pipeline full against an API server's
 # round trip, few enough that a burst does not trip its priority-and-fairness limits.
 MAX_WRITES = 16
+CLAIMS = Gauge(
+    "tangram_allocator_kubernetes_claims",
+    "Tangram's claims not yet allocated, by where they wait: in line to be asked (waiting), asked "
+    "and not yet answered (asked), failed and waiting for capacity or nodes to change (unplaceable)",
+    ["state"],
+)
+CLAIM_STATES = ("waiting", "asked", "unplaceable")
 
 
 def _forget(last: dict[str, asyncio.Task[None]], keys: set[str], done: asyncio.Task[None]) -> None:
@@ -240,9 +248,13 @@ class ClaimBridge:
         )
         tasks = [asyncio.create_task(self._answer(stop)), asyncio.create_task(self._asker.run(stop))]
         tasks += [asyncio.create_task(self._follow(*follow, stop)) for follow in follows]
+        for state in CLAIM_STATES:  # read when scraped, from the bridge that leads now
+            CLAIMS.labels(state).set_function(functools.partial(self._claims_in, state))
         try:
             await first(stop.wait(), tasks)  # a failing task fails the allocator, never silently
         finally:
+            for state in CLAIM_STATES:
+                CLAIMS.labels(state).set_function(lambda: 0.0)  # a follower holds no line
             for task in tasks:
                 task.cancel()
             for task in tasks:
@@ -255,6 +267,9 @@ class ClaimBridge:
                     # closed."): only a failure while running is the allocator's.
                     if not stop.is_set():
                         raise
+
+    def _claims_in(self, state: str) -> float:
+        return float(self._requester.counts()[state])
 
     async def _follow(
         self,

@@ -142,6 +142,15 @@ class ClaimRequester:
             attempt = max(self._requested.get(uid, 0), self._ledger.attempts.get(uid, 0)) + 1
             self.enqueue(claim, attempt)
 
+    def counts(self) -> dict[str, int]:
+        """How many claims wait in line, are asked and not yet answered, and failed and wait for
+        capacity (or for the fleet's nodes) to change."""
+        return {
+            "waiting": self.asker.waiting_count,
+            "asked": self.asker.in_flight,
+            "unplaceable": len(self._pending) + len(self._unfit),
+        }
+
     def claim_by_uid(self, uid: str) -> dict[str, Any] | None:
         key = self._keys.get(uid)
         if key is not None:

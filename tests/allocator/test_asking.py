@@ -7,7 +7,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from services.allocator.asking import FairAsker
+from services.allocator.clusterview import ClusterView
+from services.allocator.requester import ClaimRequester
+from tangram.allocation import FleetState
+from tangram.allocation.ledger import Ledger
 from tangram.events import ClaimRequested, Event
+from tangram.kubernetes.objects.deviceclasses import load_shipped_device_classes
 
 from .helpers import gpus, request
 
@@ -111,3 +116,37 @@ async def test_an_answer_that_never_comes_gives_its_place_back() -> None:
     async with running(asker):
         await recorder.until(2)  # never answered, the first one's place expired
         assert recorder.published == [first, second]
+
+
+async def test_the_requester_counts_claims_in_line_asked_and_waiting_for_capacity() -> None:
+    """What `tangram_allocator_kubernetes_claims` reports: a claim waits in line, is asked, then
+    (failed for want of capacity) waits for capacity, or (allocated) is counted no more."""
+    view = ClusterView()
+    view.classes = {m["metadata"]["name"]: m for m in load_shipped_device_classes()}
+    recorder = Recorder()
+    requester = ClaimRequester(
+        view, Ledger(FleetState(), {}), recorder.publish, producer="test", max_in_flight=1
+    )
+    claims = []
+    for n in range(2):
+        claim = {
+            "metadata": {"namespace": "team", "name": f"c{n}", "uid": f"u{n}"},
+            "spec": gpus(1),
+            "status": {},
+        }
+        view.claims[("team", f"c{n}")] = claim
+        claims.append(claim)
+        requester.ask(claim)
+    assert requester.counts() == {"waiting": 2, "asked": 0, "unplaceable": 0}
+    async with running(requester.asker):
+        await recorder.until(1)
+        assert requester.counts() == {"waiting": 1, "asked": 1, "unplaceable": 0}
+        requester.failed("u0", "capacity")
+        requester.asker.answered("u0")
+        await recorder.until(2)
+        assert requester.counts() == {"waiting": 0, "asked": 1, "unplaceable": 1}
+        requester.allocated("u1")
+        requester.asker.answered("u1")
+        assert requester.counts() == {"waiting": 0, "asked": 0, "unplaceable": 1}
+        requester.failed("u1", "hardware")  # no node could ever hold it
+        assert requester.counts()["unplaceable"] == 2

@@ -248,7 +248,7 @@ async def test_synthetic_nodes_are_filled_then_churned_by_each_decider(
     for decider in (kb.kube_scheduler_decider(), kb.tangram_decider(controlplane.kubeconfig)):
         reports[decider.name] = await kb.run_synthetic(
             kube,
-            controlplane.kubeconfig,
+            controlplane,
             nodes,
             phases,
             decider,
@@ -259,7 +259,7 @@ async def test_synthetic_nodes_are_filled_then_churned_by_each_decider(
     for name, report in reports.items():
         assert report["decider"] == name and report["layout"] == release.minor
         fill = report["phases"]["fill"]
-        assert (fill["pods_created"], fill["pods_scheduled"]) == (16, 16), report
+        assert (fill["pods_created"], fill["pods_scheduled"], fill["ended"]) == (16, 16, "bound"), report
         assert report["phases"]["steady"]["pods_scheduled"] == 4, report
         assert (report["pods_created"], report["pods_scheduled"], report["pods_deleted"]) == (20, 20, 12)
         assert report["first_unplaceable"] is None and report["stranded_gpus"] == 0
@@ -281,6 +281,31 @@ async def test_synthetic_nodes_are_filled_then_churned_by_each_decider(
     await until("the synthetic nodes' slices collected", slices_gone, 60)
 
 
+async def test_a_phase_past_capacity_ends_once_each_decider_declares_the_rest_unplaceable(
+    controlplane: ControlPlane, kube: Any, unique: str
+) -> None:
+    """Ten 1-GPU pods for one 8-GPU node: the phase ends on the deciders' own word that two cannot
+    be placed (kube-scheduler's Unschedulable condition, Tangram's Event), not on a quiet spell."""
+    suffix = unique.rsplit("-", 1)[-1]
+    nodes = kb.synthetic_fleet(1, "scheduler-perf", prefix=f"so{suffix}-")
+    phases = [kb.Phase("fill", [Arrival(f"claim-over-{n}", kb.ONE_GPU) for n in range(10)], True)]
+    says = {"kube-scheduler": "Unschedulable: ", "tangram": "TangramUnschedulable: "}
+    for decider in (kb.kube_scheduler_decider(), kb.tangram_decider(controlplane.kubeconfig)):
+        report = await kb.run_synthetic(
+            kube,
+            controlplane,
+            nodes,
+            phases,
+            decider,
+            namespace=f"so{suffix}-{decider.name[:4]}",
+            concurrency=10,
+            rate=0,
+        )
+        assert report["phases"]["fill"]["ended"] == "declared", report
+        assert (report["pods_scheduled"], report["pods_unplaceable"]) == (8, 2), report
+        assert report["first_unplaceable"]["reason"].startswith(says[decider.name]), report
+
+
 async def test_tangram_places_mig_claims_on_synthetic_nodes_whose_partitioners_answer_at_once(
     controlplane: ControlPlane, kube: Any, unique: str
 ) -> None:
@@ -291,7 +316,7 @@ async def test_tangram_places_mig_claims_on_synthetic_nodes_whose_partitioners_a
     assert any(op.shape.kind == "mig" for op in arrivals)
     report = await kb.run_synthetic(
         kube,
-        controlplane.kubeconfig,
+        controlplane,
         nodes,
         phases,
         kb.tangram_decider(controlplane.kubeconfig),

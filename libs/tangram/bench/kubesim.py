@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
@@ -30,10 +31,36 @@ from tangram.local.controlplane import ControlPlane, register_node
 from tangram.local.processes import LocalCluster, SimNode
 
 READY_WAIT_S = 180.0
+T = TypeVar("T")
 
 
 class BenchError(Exception):
     """The benchmark cannot run or did not finish; the message is one line."""
+
+
+async def stopped_by_signal(work: Awaitable[T]) -> T:
+    """`work`, cancelled on SIGTERM or SIGINT so that everything it started (a control plane runs
+    in its own session, out of reach of a signal to this process) is stopped on the way out.
+    Raises BenchError naming the signal."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(work)
+    received: list[str] = []
+
+    def cancel(signum: signal.Signals) -> None:
+        received.append(signum.name)
+        task.cancel()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, cancel, signum)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if received:
+            raise BenchError(f"stopped by {received[0]}; what the run started is stopped") from None
+        raise
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
 
 
 async def until(what: str, check: Callable[[], Awaitable[Any]], limit_s: float, every: float = 0.05) -> Any:
@@ -67,15 +94,20 @@ async def control_plane(*, client_qps: int | None = None) -> AsyncIterator[tuple
     """A fresh control plane and a cluster-admin client for it; both stopped on the way out.
     `client_qps`: kube-controller-manager's and kube-scheduler's request rate (ControlPlane's)."""
     plane = ControlPlane(client_qps=client_qps)
-    await asyncio.to_thread(plane.start)
+    starting = asyncio.ensure_future(asyncio.to_thread(plane.start))
     try:
+        await asyncio.shield(starting)
         api = await plane.client()
         try:
             yield plane, api
         finally:
             await api.close()
     finally:
-        await asyncio.to_thread(plane.stop)
+        # a start still under way when the run is cancelled finishes first, so that what it
+        # started is stopped here
+        await asyncio.wait([starting])
+        if not starting.cancelled() and starting.exception() is None:
+            await asyncio.to_thread(plane.stop)
 
 
 async def _nodes_ready(api: Any, cluster: LocalCluster, names: Sequence[str]) -> None:

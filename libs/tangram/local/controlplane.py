@@ -203,6 +203,7 @@ class Endpoints:
     kubeconfig: Path
     ca_file: Path
     token: str
+    scheduler: str  # kube-scheduler's secure port (/metrics, /healthz): https://127.0.0.1:<port>
 
 
 class ControlPlane:
@@ -331,6 +332,7 @@ class ControlPlane:
             kubeconfig=Path(ready["kubeconfig"]),
             ca_file=Path(ready["ca"]),
             token=Path(ready["token_file"]).read_text().strip(),
+            scheduler=f"https://127.0.0.1:{scheduler}",
         )
         return self
 

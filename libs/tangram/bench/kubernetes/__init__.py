@@ -68,14 +68,16 @@ from tangram.bench.kubernetes.report import (
 )
 from tangram.bench.kubernetes.runner import run_decider
 from tangram.bench.kubernetes.synthetic import (
+    ONE_GPU,
     WORKLOADS,
+    Phase,
     instant_result,
     mixed_phases,
     run_synthetic,
     scheduler_perf_phases,
     synthetic_fleet,
 )
-from tangram.bench.kubesim import BenchError, control_plane
+from tangram.bench.kubesim import BenchError, control_plane, stopped_by_signal
 from tangram.bench.traces import Arrival, fleet_gpus
 from tangram.kubernetes.api import KubeApiError
 from tangram.local.controlplane import ControlPlaneError
@@ -83,9 +85,11 @@ from tangram.local.controlplane import ControlPlaneError
 __all__ = [
     "KUBE_MIX",
     "MACHINES",
+    "ONE_GPU",
     "RUN_LABEL",
     "BenchError",
     "NvlinkTally",
+    "Phase",
     "PlacementTally",
     "PodRecord",
     "add_arguments",
@@ -253,7 +257,7 @@ async def _bench_synthetic(args: argparse.Namespace, chosen: list[str]) -> dict[
             started = time.monotonic()
             runs[name] = await run_synthetic(
                 api,
-                plane.kubeconfig,
+                plane,
                 nodes,
                 phases,
                 decider,
@@ -287,7 +291,7 @@ def run(args: argparse.Namespace) -> int:
     # The kubelet stand-ins log each prepare they retry; the report counts the pods never prepared.
     logging.getLogger("tangram.local.kubelet").setLevel(logging.ERROR)
     try:
-        result = asyncio.run(bench(args))
+        result = asyncio.run(stopped_by_signal(bench(args)))
     except (BenchError, ControlPlaneError, KubeApiError, OSError) as error:
         print(f"tangram bench kubernetes: {' '.join(str(error).split())}", file=sys.stderr)
         return 2

@@ -28,7 +28,7 @@ import functools
 import os
 import random
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,15 @@ from tangram.bench.kubernetes.pods import (
     workload,
 )
 from tangram.bench.kubernetes.report import PlacementTally, PodRecord, latency_ms, run_report
+from tangram.bench.kubernetes.settling import (
+    Idle,
+    all_idle,
+    allocator_idle,
+    scheduler_idle,
+    settled,
+    tangram_unschedulable,
+    unschedulable,
+)
 from tangram.bench.kubesim import BenchError, until
 from tangram.bench.traces import Arrival, ClaimShape, Departure, Op
 from tangram.bus import Bus, BusConfig
@@ -62,8 +71,9 @@ from tangram.events import (
 from tangram.kubernetes.api import KubeApiError, SlicePublisher, call, call_json
 from tangram.kubernetes.api.layout import detect_layout, layout_slices
 from tangram.kubernetes.api.watching import list_then_watch
+from tangram.kubernetes.objects.claimbridge import UNSCHEDULABLE_REASON
 from tangram.local.clusterup import install_device_classes
-from tangram.local.controlplane import free_ports, register_node
+from tangram.local.controlplane import ControlPlane, free_ports, register_node
 from tangram.local.processes import LocalCluster
 
 WORKLOADS = ("scheduler-perf", "mixed")
@@ -71,9 +81,6 @@ SCHEDULER_PERF_MACHINES = ("l40s-8",)
 MIXED_MACHINES = ("hgx-h200", "h100-nvl-4x2", "l40s-8")
 ONE_GPU = ClaimShape("gpu", 1)
 SETUP_CONCURRENCY = 16  # Nodes and slices written at once while the fleet is set up
-# A phase ends once every pod is bound, or none has been bound for this long: a decider working
-# through a burst of thousands of watch events may bind nothing for many seconds.
-QUIET_S = 60.0
 PHASE_LIMIT_S = 1800.0
 ALLOCATOR_READY_S = 300.0
 
@@ -150,10 +157,16 @@ async def remove_fleet(api: Any, names: Sequence[str]) -> None:
     await asyncio.gather(*(one(name) for name in names))
 
 
+@dataclass(frozen=True)
+class DecidingAllocator:
+    cluster: LocalCluster
+    health_port: int  # /metrics and /state
+
+
 @contextlib.asynccontextmanager
 async def deciding_allocator(
     kubeconfig: Path, hardware: Sequence[NodeHardware], decider: Decider
-) -> AsyncIterator[LocalCluster | None]:
+) -> AsyncIterator[DecidingAllocator | None]:
     """For Tangram: NATS and the allocator in its Kubernetes mode, the nodes' inventories on the
     bus, yielded once the allocator holds every GPU. For kube-scheduler alone: nothing."""
     if not decider.allocator_args:
@@ -185,7 +198,7 @@ async def deciding_allocator(
             await until(
                 "the allocator holding every node's inventory", holds_every_node, ALLOCATOR_READY_S, every=0.5
             )
-            yield cluster
+            yield DecidingAllocator(cluster, port)
         finally:
             stop.set()
             if partitioners is not None:
@@ -303,14 +316,22 @@ class _Pods:
     # deleted by the workload before they were seen bound: whether they would have been placed is
     # not known, so they count neither as admitted nor as unplaceable
     deleted_unbound: set[str] = field(default_factory=set)
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def on_change(self, kind: str, pod: dict[str, Any]) -> None:
         record = self.records.get(str(pod["metadata"].get("name")))
+        if record is None or record.scheduled is not None:
+            return
         node = (pod.get("spec") or {}).get("nodeName")
-        if record is not None and node and record.scheduled is None:
+        if node:
             record.scheduled, record.node = time.monotonic(), str(node)
-            self.changed.set()
+        elif (why := unschedulable(pod)) is not None:
+            record.unplaceable, record.unplaceable_at = why, record.unplaceable_at or time.monotonic()
+
+    async def on_event(self, kind: str, event: dict[str, Any]) -> None:
+        declared = tangram_unschedulable(event)
+        record = None if declared is None else self.records.get(declared[0])
+        if declared is not None and record is not None and record.scheduled is None:
+            record.unplaceable, record.unplaceable_at = declared[1], record.unplaceable_at or time.monotonic()
 
 
 async def _drive(
@@ -374,19 +395,6 @@ async def _drive(
     return created
 
 
-async def _settled(pods: _Pods, names: Sequence[str]) -> None:
-    """Until every pod of `names` is bound, or none has been bound for QUIET_S."""
-    deadline = time.monotonic() + PHASE_LIMIT_S
-    while time.monotonic() < deadline:
-        if all(pods.records[n].scheduled is not None or n in pods.deleted_unbound for n in names):
-            return
-        pods.changed.clear()
-        try:
-            await asyncio.wait_for(pods.changed.wait(), QUIET_S)
-        except TimeoutError:
-            return
-
-
 def _phase_figures(pods: _Pods, names: Sequence[str], started: float) -> dict[str, Any]:
     records = [pods.records[n] for n in names]
     bound = [r for r in records if r.scheduled is not None]
@@ -404,7 +412,7 @@ def _phase_figures(pods: _Pods, names: Sequence[str], started: float) -> dict[st
 
 async def run_synthetic(
     api: Any,
-    kubeconfig: Path,
+    plane: ControlPlane,
     nodes: list[tuple[str, str]],
     phases: Sequence[Phase],
     decider: Decider,
@@ -428,7 +436,10 @@ async def run_synthetic(
         )
     try:
         layout = await publish_fleet(api, hardware, labels={RUN_LABEL: namespace})
-        async with deciding_allocator(kubeconfig, hardware, decider) as cluster:
+        async with deciding_allocator(plane.kubeconfig, hardware, decider) as allocator:
+            idle = [scheduler_idle(plane.endpoints.scheduler, plane.token, scheduler_ca(plane))]
+            if allocator is not None:
+                idle.append(allocator_idle(allocator.health_port))
             figures = await _measure(
                 api,
                 core,
@@ -436,7 +447,8 @@ async def run_synthetic(
                 hardware=hardware,
                 phases=phases,
                 decider=decider,
-                cluster=cluster,
+                allocator=allocator,
+                idle=all_idle(idle),
                 concurrency=concurrency,
                 rate=rate,
             )
@@ -455,34 +467,26 @@ async def _measure(
     hardware: list[NodeHardware],
     phases: Sequence[Phase],
     decider: Decider,
-    cluster: LocalCluster | None,
+    allocator: DecidingAllocator | None,
+    idle: Idle,
     concurrency: int,
     rate: float,
 ) -> dict[str, Any]:
     pods = _Pods()
     stop = asyncio.Event()
-
-    async def relist() -> str:
-        listed = await call_json(
-            "list bench pods",
-            core.list_namespaced_pod(namespace, _preload_content=False, _request_timeout=60),
+    watchers = [
+        asyncio.create_task(
+            _follow(
+                "bench pods", functools.partial(core.list_namespaced_pod, namespace), pods.on_change, stop
+            )
         )
-        for pod in listed.get("items") or []:
-            await pods.on_change("ADDED", pod)
-        return str(listed["metadata"].get("resourceVersion", ""))
-
-    watcher = asyncio.create_task(
-        list_then_watch(
-            "bench pods",
-            relist,
-            functools.partial(core.list_namespaced_pod, namespace),
-            pods.on_change,
-            stop,
-            watch_timeout_s=300,
-            request_timeout_s=60,
+    ]
+    if decider.failure_events:
+        declared = functools.partial(
+            core.list_namespaced_event, namespace, field_selector=f"reason={UNSCHEDULABLE_REASON}"
         )
-    )
-    allocator_pid = cluster.service("allocator").process.pid if cluster is not None else None
+        watchers.append(asyncio.create_task(_follow("bench events", declared, pods.on_event, stop)))
+    allocator_pid = allocator.cluster.service("allocator").process.pid if allocator is not None else None
     try:
         requests_before = await api_requests(api)
         use_before = process_use(allocator_pid) if allocator_pid else None
@@ -494,7 +498,7 @@ async def _measure(
             created = await _drive(
                 core, namespace, phase.ops, pods, decider, concurrency=concurrency, rate=rate
             )
-            await _settled(pods, created)
+            ended = await settled(pods.records, created, pods.deleted_unbound, idle, limit_s=PHASE_LIMIT_S)
             if not created:
                 # deletions only: the next phase starts once their claims are gone (their devices
                 # free), as scheduler_perf's steady state starts from a cluster really half full
@@ -502,6 +506,7 @@ async def _measure(
             figures[phase.name] = _phase_figures(pods, created, started) | {
                 "pods_deleted": sum(isinstance(op, Departure) for op in phase.ops),
                 "seconds": round(time.monotonic() - started, 1),
+                "ended": ended.how,
             }
             all_created += created
             departures += sum(isinstance(op, Departure) for op in phase.ops)
@@ -510,8 +515,9 @@ async def _measure(
         tally = await _placements(api, namespace, hardware)
     finally:
         stop.set()
-        watcher.cancel()
-        await asyncio.gather(watcher, return_exceptions=True)
+        for watcher in watchers:
+            watcher.cancel()
+        await asyncio.gather(*watchers, return_exceptions=True)
     records = [pods.records[n] for n in all_created if n not in pods.deleted_unbound]
     measured = next(figures[p.name] for p in phases if p.measured)
     report = run_report(
@@ -532,6 +538,26 @@ async def _measure(
         else round((use_after.cpu_s - use_before.cpu_s) / max(1, len(records)), 5),
         "allocator_peak_rss_mb": None if use_after is None else use_after.peak_rss_mb,
     }
+
+
+async def _follow(
+    what: str,
+    list_call: Callable[..., Any],
+    on_change: Callable[[str, dict[str, Any]], Awaitable[None]],
+    stop: asyncio.Event,
+) -> None:
+    async def relist() -> str:
+        listed = await call_json(what, list_call(_preload_content=False, _request_timeout=60))
+        for item in listed.get("items") or []:
+            await on_change("ADDED", item)
+        return str(listed["metadata"].get("resourceVersion", ""))
+
+    await list_then_watch(what, relist, list_call, on_change, stop, watch_timeout_s=300, request_timeout_s=60)
+
+
+def scheduler_ca(plane: ControlPlane) -> Path:
+    """The certificate kube-scheduler made for itself and serves /metrics with."""
+    return plane.data_dir / "pki" / "scheduler" / "kube-scheduler.crt"
 
 
 async def _claims_gone(api: Any, namespace: str, remaining: int) -> None:
