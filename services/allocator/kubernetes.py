@@ -367,11 +367,7 @@ class ClaimBridge:
             await self._release(claim_ref(claim))
         elif kind == "allocated":
             await self._writer.adopt(claim)
-        elif (
-            before is not None
-            and allocation_of(before) is not None
-            and uid in self._requester.decided_or_known()
-        ):
+        elif before is not None and allocation_of(before) is not None and self._requester.knows(uid):
             await self._release(claim_ref(claim))  # deallocated
         elif kind == "tangram" and self._gates.awaited(claim):
             await self._ask(claim)

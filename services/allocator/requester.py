@@ -69,8 +69,9 @@ class ClaimRequester:
             claim, self._view.classes, producer=self._producer, attempt=self._attempts[uid]
         )
 
-    def decided_or_known(self) -> set[str]:
-        return self._known | set(self._ledger.decided) | set(self._ledger.outside)
+    def knows(self, uid: str) -> bool:
+        """This bridge asked about the claim, or the ledger decided or holds it."""
+        return uid in self._known or uid in self._ledger.decided or uid in self._ledger.outside
 
     def ask(self, claim: dict[str, Any]) -> dict[str, Any] | None:
         """Ask for the claim once; a decision already made but not written is returned instead,
@@ -105,7 +106,7 @@ class ClaimRequester:
         """The release to publish for a claim the ledger knows, once; None when there is none."""
         if ref.uid in self._released or ref.uid in self._ledger.released:
             return None
-        if ref.uid not in self.decided_or_known():
+        if not self.knows(ref.uid):
             return None
         self._released.add(ref.uid)
         self._reasked.discard(ref.uid)

@@ -111,3 +111,25 @@ async def test_only_a_stream_left_unfinished_is_aborted(streaming: bool, aborted
     await stream.close()
     # a stream read to its end goes back to the pool politely; one left mid-stream is cut
     assert (response.transport.aborted, response.released) == (aborted, True)
+
+
+async def test_an_event_asked_for_as_a_plain_object_is_parsed_once() -> None:
+    """The object is the parsed JSON itself (not serialized and parsed again), and the watch still
+    follows the resourceVersion it carries."""
+    watch = AbandoningWatch(return_type="object")
+    client = watch._api_client
+
+    class NoSecondPass:
+        def deserialize(self, *args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("the event's object was deserialized a second time")
+
+    watch._api_client = NoSecondPass()
+    line = (
+        '{"type": "MODIFIED", "object": {"kind": "Pod", "metadata": {"name": "p", "resourceVersion": "42"}}}'
+    )
+    event = watch.unmarshal_event(line, "object")
+    assert event["type"] == "MODIFIED"
+    assert event["object"] == {"kind": "Pod", "metadata": {"name": "p", "resourceVersion": "42"}}
+    assert event["raw_object"] is event["object"]
+    assert watch.resource_version == "42"
+    await client.close()

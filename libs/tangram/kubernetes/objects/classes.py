@@ -14,6 +14,7 @@ a `firstAvailable` request, names a Tangram class. A claim that mixes drivers is
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -45,6 +46,9 @@ def _is_string(node: Node, value: str) -> bool:
     return isinstance(node, Literal) and node.kind == "string" and node.value == value
 
 
+# A cluster has a handful of classes, judged for every claim and pod event: each expression is
+# parsed once (bounded, as classes are created by users).
+@functools.lru_cache(maxsize=1024)
 def requires_driver(expression: str, driver: str = DRIVER) -> bool:
     """True when `expression` (a device selector) holds only for devices of `driver`: one of its
     top-level `&&` conjuncts is `device.driver == "<driver>"`. An expression that does not parse
