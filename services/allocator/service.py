@@ -192,6 +192,10 @@ async def _serve(
     await resend_unanswered_destroys(ctx, ledger)
     if ctx.health is not None:
         ctx.health.state = ledger.snapshot
+    # Read when scraped: walking every GPU of the fleet after each decision cost more than the
+    # decision itself at hundreds of nodes.
+    FREE_GPUS.set_function(lambda: ledger.fleet.metrics().free_gpus)
+    STRANDED_GPUS.set_function(lambda: ledger.fleet.metrics().stranded_gpus)
     # The fleet state is long-lived: move it out of the collector's way so that full collections
     # do not walk it (a pause of hundreds of ms at 1,000 nodes) in the middle of decisions.
     gc.collect()
@@ -224,9 +228,6 @@ async def _serve(
             DECISION_SECONDS.observe(time.perf_counter() - started)
             outcome = "allocated" if any(isinstance(o, ClaimAllocated) for o in outputs) else "failed"
             DECISIONS.labels(outcome).inc()
-            fleet = ledger.fleet.metrics()
-            FREE_GPUS.set(fleet.free_gpus)
-            STRANDED_GPUS.set(fleet.stranded_gpus)
         for conflict in ledger.conflicts:
             log.error("allocated twice, by Tangram and outside it", extra={"conflict": conflict})
         ledger.conflicts.clear()
