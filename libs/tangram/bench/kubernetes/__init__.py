@@ -71,12 +71,12 @@ from tangram.bench.kubernetes.synthetic import (
     ONE_GPU,
     WORKLOADS,
     Phase,
-    instant_result,
     mixed_phases,
     run_synthetic,
     scheduler_perf_phases,
     synthetic_fleet,
 )
+from tangram.bench.kubernetes.syntheticnodes import instant_result
 from tangram.bench.kubesim import BenchError, control_plane, stopped_by_signal
 from tangram.bench.traces import Arrival, fleet_gpus
 from tangram.kubernetes.api import KubeApiError
