@@ -30,6 +30,7 @@ from tangram.kubernetes.objects.claimbridge import (
     allocation_status,
     claim_adopted,
     claim_ref,
+    held_devices,
     holds_driver,
     same_allocation,
     taken_by_others,
@@ -113,7 +114,7 @@ class ClaimWriter:
                     self._adopted.add(uid)
                     await self._publish(claim_adopted(claim, self._view.classes, producer=self._producer))
                 break
-            taken = taken_by_others(uid, allocation, self._view.claims.values())
+            taken = taken_by_others(uid, allocation, self._view.claims.holding(held_devices(allocation)))
             if taken:
                 # Another writer gave a device of this decision to another claim first: that
                 # allocation stands, the ledger (told by its adoption) decides this claim again.

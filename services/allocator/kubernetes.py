@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
@@ -43,7 +43,7 @@ from prometheus_client import Gauge
 
 from services.allocator.asking import MAX_IN_FLIGHT, FairAsker
 from services.allocator.claimwriter import ClaimWriter
-from services.allocator.clusterview import ClusterView, Key, key_of, older, uid_of
+from services.allocator.clusterview import ClaimsSeen, ClusterView, Key, key_of, older, uid_of
 from services.allocator.gates import PodGates
 from services.allocator.requester import ClaimRequester
 from tangram.allocation.ledger import Ledger
@@ -133,11 +133,11 @@ class ClaimBridge:
         self._view.classes = classes
 
     @property
-    def claims(self) -> dict[Key, dict[str, Any]]:
+    def claims(self) -> ClaimsSeen:
         return self._view.claims
 
     @claims.setter
-    def claims(self, claims: dict[Key, dict[str, Any]]) -> None:
+    def claims(self, claims: Mapping[Key, dict[str, Any]]) -> None:
         self._view.claims = claims
 
     @property

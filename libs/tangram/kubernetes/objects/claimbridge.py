@@ -328,21 +328,27 @@ def warning_event(
 Claim = TypeVar("Claim", bound=Mapping[str, Any])
 
 
-def taken_by_others(uid: str, allocation: Mapping[str, Any], claims: Iterable[Claim]) -> dict[str, Claim]:
-    """device -> the claim (allocated by someone else, as last read) that holds a device of
-    `allocation`, the one meant for claim `uid`."""
-    wanted = {
+DeviceKey = tuple[Any, Any, Any]  # (driver, pool, device)
+
+
+def held_devices(allocation: Mapping[str, Any]) -> set[DeviceKey]:
+    """The devices an allocation holds for itself (an adminAccess result holds none)."""
+    return {
         (r.get("driver"), r.get("pool"), r.get("device"))
         for r in (allocation.get("devices") or {}).get("results") or []
         if not r.get("adminAccess")
     }
+
+
+def taken_by_others(uid: str, allocation: Mapping[str, Any], claims: Iterable[Claim]) -> dict[str, Claim]:
+    """device -> the claim (allocated by someone else, as last read) that holds a device of
+    `allocation`, the one meant for claim `uid`."""
+    wanted = held_devices(allocation)
     taken: dict[str, Claim] = {}
     for other in claims:
         theirs = allocation_of(other)
         if theirs is None or str(_metadata(other).get("uid", "")) == uid:
             continue
-        for r in (theirs.get("devices") or {}).get("results") or []:
-            key = (r.get("driver"), r.get("pool"), r.get("device"))
-            if key in wanted and not r.get("adminAccess"):
-                taken[str(r.get("device"))] = other
+        for key in held_devices(theirs) & wanted:
+            taken[str(key[2])] = other
     return taken
