@@ -2,9 +2,9 @@
 
 An allocation is written to the claim's `status.allocation`, guarded by the claim's
 resourceVersion (re-read and retried on conflict; an allocation someone else wrote meanwhile is
-adopted instead, and so is another claim that holds a device of the decision), then the gates of
-the pods that use the claim are lifted. A failure becomes a Warning Event on the claim and its
-pods, once per reason.
+adopted instead, and so is another claim that holds a device of the decision); the gates of the
+pods that use the claim are lifted when the claims watch brings the allocation back. A failure
+becomes a Warning Event on the claim and its pods, once per reason.
 """
 
 from __future__ import annotations
@@ -152,8 +152,12 @@ class ClaimWriter:
                 continue
             log.info("claim allocation written", extra={"claim": f"{namespace}/{name}"})
             break
+        # The gates are lifted once the claims watch brings the allocated claim (the bridge's
+        # reconcile), never straight after the write: kube-scheduler's own watch of claims then has
+        # it too, most likely. Lifted earlier, kube-scheduler could take the pod while its cache
+        # still holds the claim unallocated, allocate it itself, fail at PreBind ("got allocated
+        # elsewhere in the meantime") and try the pod again only after a backoff of a second.
         self._view.claims[(namespace, name)] = claim
-        await self._gates.ungate_users(claim)
 
     async def adopt(self, claim: dict[str, Any]) -> None:
         """Tell the ledger of an allocation another writer made (once per claim)."""

@@ -6,11 +6,11 @@ deallocation of a claim the ledger knows becomes a release; a claim another writ
 becomes a request carrying that allocation, which the ledger holds as taken. Each decision comes
 back here: an allocation is written to `status.allocation` (guarded by the claim's
 resourceVersion, re-read and retried on conflict; an allocation someone else wrote meanwhile is
-adopted instead), then Tangram's scheduling gate is removed from every pod that uses the claim,
-so kube-scheduler binds the pod to the allocated node. A failure becomes a Warning Event on the
-claim and its pods, and the claim is asked again whenever capacity is released (only when it
-failed for want of capacity: a claim at fault fails the same way again, and one no node could
-ever hold waits for the fleet's nodes to change).
+adopted instead); once the claims watch brings the allocation back, Tangram's scheduling gate is
+removed from every pod that uses the claim, so kube-scheduler binds the pod to the allocated
+node. A failure becomes a Warning Event on the claim and its pods, and the claim is asked again
+whenever capacity is released (only when it failed for want of capacity: a claim at fault fails
+the same way again, and one no node could ever hold waits for the fleet's nodes to change).
 
 Decisions are acted on as they come, up to `max_writes` at once (each is a write or two to the
 API server, and hundreds of pods arriving together must not wait for each other's round trips);
