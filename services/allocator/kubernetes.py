@@ -246,7 +246,11 @@ class ClaimBridge:
             ("claims", self._list_claims, claims_call, self._claim_changed),
             ("pods", self._gates.relist, self._core.list_pod_for_all_namespaces, self._pod_seen),
         )
-        tasks = [asyncio.create_task(self._answer(stop)), asyncio.create_task(self._asker.run(stop))]
+        tasks = [
+            asyncio.create_task(self._answer(stop)),
+            asyncio.create_task(self._asker.run(stop)),
+            asyncio.create_task(self._gates.run(stop)),
+        ]
         tasks += [asyncio.create_task(self._follow(*follow, stop)) for follow in follows]
         for state in CLAIM_STATES:  # read when scraped, from the bridge that leads now
             CLAIMS.labels(state).set_function(functools.partial(self._claims_in, state))
@@ -371,7 +375,7 @@ class ClaimBridge:
             await self._release(claim_ref(claim))  # deallocated
         elif kind == "tangram" and self._gates.awaited(claim):
             await self._ask(claim)
-        await self._gates.ungate_users(claim)
+        self._gates.lift_soon(claim)
 
     async def _ask(self, claim: dict[str, Any]) -> None:
         """Ask for the claim (`ClaimRequester.ask`); a decision made but never written (the
