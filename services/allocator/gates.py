@@ -146,7 +146,9 @@ class PodGates:
 
     def _retry_lift(self, key: Key) -> None:
         pod = self.pods.by_key.get(key)
-        if pod is not None:
+        if pod is None:
+            self._failures.pop(key, None)  # gone meanwhile: nothing to lift, nothing to count
+        else:
             self._lift_if_due(pod)
 
     async def maybe_ungate(self, pod: dict[str, Any]) -> None:

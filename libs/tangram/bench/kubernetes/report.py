@@ -27,6 +27,10 @@ class PodRecord:
     unplaceable: str | None = None  # why the decider could not place it (last seen)
     unplaceable_at: float | None = None
 
+    def declared_unplaceable(self, why: str, at: float) -> None:
+        """The decider says it cannot place the pod (again): its latest reason, its first time."""
+        self.unplaceable, self.unplaceable_at = why, self.unplaceable_at or at
+
     @property
     def decided(self) -> float | None:
         if self.scheduled is not None:

@@ -66,8 +66,7 @@ class _Run:
                     "False",
                     "Unschedulable",
                 ):
-                    record.unplaceable = condition.message or condition.reason
-                    record.unplaceable_at = record.unplaceable_at or now
+                    record.declared_unplaceable(condition.message or condition.reason, now)
         self.changed.set()
 
     async def watch(self, stop: asyncio.Event) -> None:

@@ -45,8 +45,8 @@ def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
     ]
 
 
-async def _scrape(url: str, *, token: str | None = None, ca_file: Path | None = None) -> str | None:
-    """The text of a /metrics endpoint; None while it does not answer."""
+async def get_text(url: str, *, token: str | None = None, ca_file: Path | None = None) -> str | None:
+    """The body of a GET (a /metrics or /state endpoint); None while it does not answer."""
     context = ssl.create_default_context(cafile=str(ca_file)) if ca_file is not None else None
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
@@ -59,36 +59,47 @@ async def _scrape(url: str, *, token: str | None = None, ca_file: Path | None = 
         return None
 
 
-def scheduler_idle(server: str, token: str, ca_file: Path) -> Idle:
-    """Whether kube-scheduler (served at `server`) has no pod in its active or backoff queue."""
+def _queues_empty(
+    url: str,
+    metric: str,
+    label: str,
+    busy: Sequence[str],
+    *,
+    token: str | None = None,
+    ca_file: Path | None = None,
+) -> Idle:
+    """Whether the gauge `metric` at `url` is there and 0 for every `label` value in `busy`."""
 
     async def idle() -> bool:
-        text = await _scrape(f"{server}/metrics", token=token, ca_file=ca_file)
+        text = await get_text(url, token=token, ca_file=ca_file)
         if text is None:
             return False
-        pending = samples(text, "scheduler_pending_pods")
-        return (
-            bool(pending)
-            and sum(v for labels, v in pending if labels.get("queue") in SCHEDULER_BUSY_QUEUES) == 0
-        )
+        found = samples(text, metric)
+        return bool(found) and sum(v for labels, v in found if labels.get(label) in busy) == 0
 
     return idle
+
+
+def scheduler_idle(server: str, token: str, ca_file: Path) -> Idle:
+    """Whether kube-scheduler (served at `server`) has no pod in its active or backoff queue."""
+    return _queues_empty(
+        f"{server}/metrics",
+        "scheduler_pending_pods",
+        "queue",
+        SCHEDULER_BUSY_QUEUES,
+        token=token,
+        ca_file=ca_file,
+    )
 
 
 def allocator_idle(port: int) -> Idle:
     """Whether the allocator (health port `port`) holds no claim in line or asked."""
-
-    async def idle() -> bool:
-        text = await _scrape(f"http://127.0.0.1:{port}/metrics")
-        if text is None:
-            return False
-        claims = samples(text, "tangram_allocator_kubernetes_claims")
-        return (
-            bool(claims)
-            and sum(v for labels, v in claims if labels.get("state") in ALLOCATOR_BUSY_STATES) == 0
-        )
-
-    return idle
+    return _queues_empty(
+        f"http://127.0.0.1:{port}/metrics",
+        "tangram_allocator_kubernetes_claims",
+        "state",
+        ALLOCATOR_BUSY_STATES,
+    )
 
 
 def all_idle(checks: Sequence[Idle]) -> Idle:

@@ -164,13 +164,13 @@ class _Pods:
         if node:
             record.scheduled, record.node = time.monotonic(), str(node)
         elif (why := unschedulable(pod)) is not None:
-            record.unplaceable, record.unplaceable_at = why, record.unplaceable_at or time.monotonic()
+            record.declared_unplaceable(why, time.monotonic())
 
     async def on_event(self, kind: str, event: dict[str, Any]) -> None:
         declared = tangram_unschedulable(event)
         record = None if declared is None else self.records.get(declared[0])
         if declared is not None and record is not None and record.scheduled is None:
-            record.unplaceable, record.unplaceable_at = declared[1], record.unplaceable_at or time.monotonic()
+            record.declared_unplaceable(declared[1], time.monotonic())
 
 
 async def _drive(

@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 from kubernetes_asyncio.client import CoreV1Api
 
 from tangram import DRIVER_NAME
 from tangram.bench.kubernetes.deciders import Decider
+from tangram.bench.kubernetes.settling import get_text
 from tangram.bench.kubesim import BenchError, until
 from tangram.bus import Bus, BusConfig
 from tangram.events import (
@@ -170,14 +171,6 @@ def instant_result(command: PartitionRequested) -> PartitionApplied:
 
 async def _state(port: int) -> dict[str, Any] | None:
     """What the allocator's ledger holds (its /state); None while it does not answer."""
-    try:
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
-            session.get(f"http://127.0.0.1:{port}/state") as answer,
-        ):
-            if answer.status != 200:
-                return None
-            found: dict[str, Any] = await answer.json()
-            return found
-    except (aiohttp.ClientError, TimeoutError):
-        return None
+    text = await get_text(f"http://127.0.0.1:{port}/state")
+    found: dict[str, Any] | None = None if text is None else json.loads(text)
+    return found
