@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
+from tangram.events.catalogue import DeviceShare
+
 
 class ClaimRef(msgspec.Struct, frozen=True, kw_only=True):
     """A claim as kubelet names it."""
@@ -26,6 +28,7 @@ class ResolvedDevice(msgspec.Struct, frozen=True, kw_only=True):
     profile: str = ""  # MIG profile name, empty for a whole GPU
     gi_cap_minor: int = -1  # /dev/nvidia-caps/nvidia-cap<N> of the GPU instance
     ci_cap_minor: int = -1  # ... of the compute instance
+    share: DeviceShare | None = None  # a share of the device (MPS or time-slicing), not all of it
 
     @property
     def is_mig(self) -> bool:

@@ -16,6 +16,7 @@ from tangram.events.catalogue import (
     ClaimUnprepared,
     DeadLetter,
     DeviceHealthChanged,
+    DeviceShare,
     FailureCause,
     NodeInventory,
     PartitionAction,
@@ -23,6 +24,7 @@ from tangram.events.catalogue import (
     PartitionFailed,
     PartitionRequested,
     PreparedDevice,
+    SharingStrategy,
 )
 from tangram.events.codec import EventDecodeError, decode, encode, to_builtins
 from tangram.events.envelope import SCHEMA_VERSION, Event, InvalidKey, new_event_id, subject_token
@@ -56,6 +58,7 @@ __all__ = [
     "ClaimUnprepared",
     "DeadLetter",
     "DeviceHealthChanged",
+    "DeviceShare",
     "Event",
     "EventDecodeError",
     "FailureCause",
@@ -73,6 +76,7 @@ __all__ = [
     "PartitionFailed",
     "PartitionRequested",
     "PreparedDevice",
+    "SharingStrategy",
     "admission",
     "channel_of",
     "decode",

@@ -47,6 +47,23 @@ class ClaimRequested(Event, tag="claim.requested", frozen=True, kw_only=True):
     allocation: dict[str, Any] | None = None
 
 
+# How several claims share one device. MPS: one control daemon per device, each client limited
+# to its pinned device memory and active thread percentage. TimeSlicing: the driver's time slices,
+# with no memory isolation at all (the memory is only counted).
+SharingStrategy = Literal["MPS", "TimeSlicing"]
+TimeSlice = Literal["Default", "Short", "Medium", "Long"]
+
+
+class DeviceShare(msgspec.Struct, frozen=True, kw_only=True):
+    """One claim's share of a device that several claims may hold at once."""
+
+    id: str  # the DRA shareID: a UUID derived from the claim uid and the device, so replays agree
+    strategy: SharingStrategy = "MPS"
+    memory_bytes: int = 0  # MPS: the client's pinned device memory limit; time-slicing: counted only
+    compute_percent: int = 100  # MPS: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
+    time_slice: TimeSlice = "Default"  # time-slicing: the slice length asked for
+
+
 class AllocatedDevice(msgspec.Struct, frozen=True, kw_only=True):
     request: str  # "<request>" or "<request>/<subrequest>"
     driver: str
@@ -59,6 +76,7 @@ class AllocatedDevice(msgspec.Struct, frozen=True, kw_only=True):
     placement: MigPlacement | None = None
     admin_access: bool = False
     partition_command: str = ""  # the command creating this MIG instance; "" when it already exists
+    share: DeviceShare | None = None  # set when the claim holds a share of the device, not all of it
 
 
 class ClaimAllocated(Event, tag="claim.allocated", frozen=True, kw_only=True):
