@@ -37,7 +37,7 @@ class DeviceTemplates:
             bare = msgspec.structs.replace(
                 hw, gpus=[msgspec.structs.replace(g, mig_instances=[]) for g in hw.gpus]
             )
-            built = node_devices(bare, driver=self.driver)
+            built = node_devices(bare, driver=self.driver, shared=True)
             template = _Template({g.index: g for g in hw.gpus}, tuple(built.devices), built.counter_sets)
             self._templates[key] = template
         source_gpus = template.gpus

@@ -32,10 +32,16 @@ from tangram.dra.names import (
     memory_slice_counter,
     mig_device_name,
     qualified,
+    shared_device_name,
 )
 from tangram.events.inventory import GpuInfo, MigProfile, NodeHardware
 
 MIB = 1024 * 1024
+GIB = 1024 * MIB
+# A share's memory as kube-scheduler's consumable capacity counts it (the device capacity's request
+# policy): asked for in steps of 256 MiB, at least 256 MiB, 4 GiB when the claim names none.
+SHARE_MEMORY_STEP = 256 * MIB
+SHARE_MEMORY_DEFAULT = 4 * GIB
 _VERSION_PART = re.compile(r"\d+")
 
 
@@ -94,7 +100,7 @@ def _gpu_counters(gpu: GpuInfo) -> dict[str, int]:
     return counters
 
 
-def _whole_gpu(domain: str, gpu: GpuInfo, driver_version: str, counters: bool) -> Device:
+def _whole_gpu(domain: str, gpu: GpuInfo, driver_version: str, *, counters: bool) -> Device:
     attrs = _common_attributes(domain, gpu, driver_version)
     attrs[qualified(domain, "type")] = "gpu"
     attrs[qualified(domain, "uuid")] = gpu.uuid
@@ -159,6 +165,39 @@ def _mig_devices(domain: str, gpu: GpuInfo, driver_version: str) -> list[Device]
     return devices
 
 
+def _share_host(domain: str, exclusive: Device) -> Device:
+    """The share host of an exclusive device: the same GPU or placement and the same counters.
+
+    Its `type` is "shared", so no selector of the exclusive classes ever matches it; `shareOf` says
+    what is shared. MIG placements with media extensions are not shared (the one media unit of a
+    GPU is for a claim that asks for it).
+    """
+    type_name = qualified(domain, "type")
+    attrs: dict[str, AttributeValue] = {}
+    for name, value in exclusive.attributes.items():
+        if name == type_name:
+            # next to `type`, before a MIG instance's `uuid`, which comes last when it exists
+            attrs[name] = "shared"
+            attrs[qualified(domain, "shareOf")] = exclusive.kind
+        else:
+            attrs[name] = value
+    return msgspec.structs.replace(exclusive, name=shared_device_name(exclusive.name), attributes=attrs, shared=True)
+
+
+def share_hosts(domain: str, gpu: GpuInfo, exclusive: list[Device]) -> list[Device]:
+    """The devices of one GPU that claims may share: the whole GPU, and MIG placements smaller than
+    the GPU without media extensions (a share of the full-size instance is the whole GPU's)."""
+    profiles = {p.profile_id: p for p in gpu.mig_profiles}
+    hosts: list[Device] = []
+    for device in exclusive:
+        if device.kind == "mig":
+            profile = profiles.get(device.profile_id if device.profile_id is not None else -1)
+            if profile is None or profile.media_extensions or profile.memory_slices >= gpu.memory_slices:
+                continue
+        hosts.append(_share_host(domain, device))
+    return hosts
+
+
 def _placement_counters(profile: MigProfile, start: int) -> dict[str, int]:
     counters = {memory_slice_counter(i): 1 for i in range(start, start + profile.memory_slices)}
     counters[MULTIPROCESSORS_COUNTER] = profile.multiprocessors
@@ -168,18 +207,28 @@ def _placement_counters(profile: MigProfile, start: int) -> dict[str, int]:
     return counters
 
 
-def node_devices(hw: NodeHardware, *, driver: str = DRIVER_NAME) -> NodeDevices:
-    """Every device of the node in a stable order: GPU index, whole GPU first, then placements."""
+def node_devices(hw: NodeHardware, *, driver: str = DRIVER_NAME, shared: bool = False) -> NodeDevices:
+    """Every device of the node in a stable order: GPU index, whole GPU first, then placements, then
+    (with `shared`) the GPU's share hosts.
+
+    A GPU that is cut, or shared, has its counter set: a share host and the device it shares
+    consume the same counters, which is what keeps exclusive claims and shares of one GPU apart.
+    """
     devices: list[Device] = []
     counter_sets: list[CounterSet] = []
     for gpu in sorted(hw.gpus, key=lambda g: g.index):
         cut = partitionable(gpu)
-        if cut:
+        counted = cut or shared
+        if counted:
             counter_sets.append(CounterSet(name=counter_set_name(gpu.index), counters=_gpu_counters(gpu)))
+        exclusive: list[Device] = []
         if whole_gpu_advertised(gpu):
-            devices.append(_whole_gpu(driver, gpu, hw.driver_version, counters=cut))
+            exclusive.append(_whole_gpu(driver, gpu, hw.driver_version, counters=counted))
         if cut:
-            devices.extend(_mig_devices(driver, gpu, hw.driver_version))
+            exclusive.extend(_mig_devices(driver, gpu, hw.driver_version))
+        devices.extend(exclusive)
+        if shared:
+            devices.extend(share_hosts(driver, gpu, exclusive))
     return NodeDevices(node=hw.node, driver=driver, pool=hw.node, devices=devices, counter_sets=counter_sets)
 
 
@@ -194,7 +243,8 @@ def whole_devices_only(devices: NodeDevices) -> NodeDevices:
     kept = [
         msgspec.structs.replace(d, consumes=[])
         for d in devices.devices
-        if (d.kind == "gpu" and d.gpu_index not in cut) or (d.kind == "mig" and _exists(d))
+        if not d.shared
+        and ((d.kind == "gpu" and d.gpu_index not in cut) or (d.kind == "mig" and _exists(d)))
     ]
     return msgspec.structs.replace(devices, devices=kept, counter_sets=[])
 

@@ -54,6 +54,10 @@ class Device(msgspec.Struct, frozen=True, kw_only=True):
     profile: str | None = None
     profile_id: int | None = None
     placement: MigPlacement | None = None
+    # A share host: several claims may hold it at once (DRA allowMultipleAllocations), each a share
+    # of its memory; it consumes the same counters as the exclusive device it shares, so holding
+    # it excludes that device and every overlapping one.
+    shared: bool = False
 
 
 class NodeDevices(msgspec.Struct, frozen=True, kw_only=True):

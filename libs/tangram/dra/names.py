@@ -26,6 +26,14 @@ def mig_device_name(gpu_index: int, profile: str, start: int) -> str:
     return f"gpu-{gpu_index}-mig-{profile_label}-{start}"
 
 
+SHARED_SUFFIX = "-shared"
+
+
+def shared_device_name(exclusive_name: str) -> str:
+    """The share host of a device: `gpu-0-shared`, `gpu-0-mig-2g-35gb-0-shared`."""
+    return f"{exclusive_name}{SHARED_SUFFIX}"
+
+
 def counter_set_name(gpu_index: int) -> str:
     """Unique across the pool, as 1.35 and later require."""
     return f"gpu-{gpu_index}-counters"

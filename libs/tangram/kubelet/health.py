@@ -28,7 +28,7 @@ class DeviceHealth:
 
 def health_of(hardware: NodeHardware, *, driver: str = DRIVER_NAME) -> dict[str, str]:
     """Device name -> "healthy" or "unhealthy", for every device the node advertises."""
-    advertised = node_devices(hardware, driver=driver)
+    advertised = node_devices(hardware, driver=driver, shared=True)
     unhealthy = f"{driver}/{UNHEALTHY_TAINT}"
     return {
         device.name: "unhealthy" if any(t.key == unhealthy for t in device.taints) else "healthy"

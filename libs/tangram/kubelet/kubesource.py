@@ -100,7 +100,7 @@ class KubeAllocationSource:
         hardware = self._view.hardware
         if hardware is None:
             raise Pending(f"waiting for the inventory of node {self.node}")
-        by_name = {d.name: d for d in node_devices(hardware, driver=self.driver).devices}
+        by_name = {d.name: d for d in node_devices(hardware, driver=self.driver, shared=True).devices}
         for result in allocation.results:
             if result.device not in by_name:
                 raise Pending(f"waiting for device {result.device} in the inventory of node {self.node}")
@@ -207,7 +207,7 @@ class KubeAllocationSource:
         uid = allocation.claim.uid
         hardware = self._view.hardware
         # Device names are stable (GPU, profile, first slice): the inventory says where each sits.
-        by_name = {d.name: d for d in node_devices(hardware, driver=self.driver).devices} if hardware else {}
+        by_name = {d.name: d for d in node_devices(hardware, driver=self.driver, shared=True).devices} if hardware else {}
         for device in allocation.devices:
             if not device.is_mig:
                 continue

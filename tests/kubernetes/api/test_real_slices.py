@@ -147,6 +147,8 @@ async def test_layout_detection_reads_the_gates_of_the_server(
         True,
     )
     assert with_partitions.server_version.startswith(f"v{release.minor}.")
+    # consumable capacity: alpha and off on 1.34, beta and on from 1.36
+    assert with_partitions.consumable is (not release.dra_alpha)
     assert (without.k8s_version, without.partitionable, without.taints) == (release.minor, False, True)
     assert without.degraded
     # the probes were dry runs: nothing was left behind

@@ -10,10 +10,13 @@ for sure (feature gates differ between clusters of the same version):
   refused probe tries the other layouts);
 - whether the server keeps what it is sent: with `DRAPartitionableDevices` off the API server
   silently drops `sharedCounters` and `consumesCounters`, with `DRADeviceTaints` off it drops
-  device taints. The dry-run answer shows whether they survived.
+  device taints, with `DRAConsumableCapacity` off it drops `allowMultipleAllocations`. The
+  dry-run answer shows whether they survived.
 
 Without partitionable devices Tangram degrades to whole GPUs and existing MIG instances only;
-without taints it leaves unhealthy devices out instead of offering them untainted.
+without taints it leaves unhealthy devices out instead of offering them untainted; without
+consumable capacity (or without counters, which keep a share host and its exclusive device apart)
+it publishes no share host, and shares are asked for in Tangram's opaque config instead.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class SliceLayout:
     k8s_version: K8sVersion
     partitionable: bool  # counter sets and devices consuming them (MIG placements) survive
     taints: bool  # device taints survive
+    consumable: bool = False  # allowMultipleAllocations survives: share hosts can be published
     server_version: str = ""
     detected: bool = True  # False when the layout was given as an override
 
@@ -63,7 +67,7 @@ def layout_slices(
     """The node's ResourceSlices as a server of `layout` keeps them: without partitionable devices,
     whole GPUs and existing MIG instances only; without device taints, no taints (raises
     SliceRenderError when they cannot be rendered)."""
-    devices = node_devices(hardware, driver=driver)
+    devices = node_devices(hardware, driver=driver, shared=layout.consumable and layout.partitionable)
     if not layout.partitionable:
         devices = whole_devices_only(devices)
     if not layout.taints:
@@ -94,6 +98,7 @@ def probe_slices(layout: K8sVersion, *, node: str, driver: str) -> list[dict[str
         "name": "probe",
         "consumesCounters": [{"counterSet": "probe", "counters": {"slice": {"value": "1"}}}],
         "taints": [{"key": f"{driver}/probe", "effect": "NoSchedule"}],
+        "allowMultipleAllocations": True,
     }
 
     def body(index: int, spec: dict[str, Any]) -> dict[str, Any]:
@@ -145,19 +150,24 @@ async def detect_layout(api: Any, *, node: str, driver: str) -> SliceLayout:
         if kept is None:
             refusals.append(layout)
             continue
-        partitionable, taints = kept
+        partitionable, taints, consumable = kept
         return SliceLayout(
-            k8s_version=layout, partitionable=partitionable, taints=taints, server_version=server_version
+            k8s_version=layout,
+            partitionable=partitionable,
+            taints=taints,
+            consumable=consumable,
+            server_version=server_version,
         )
     raise LayoutError(
         f"the API server ({server_version}) refused the probe slice of every layout: {refusals}"
     )
 
 
-async def _dry_run(api: Any, slices: list[dict[str, Any]]) -> tuple[bool, bool] | None:
-    """(counters kept, taints kept) from the server's dry-run answers; None when it refuses the layout."""
+async def _dry_run(api: Any, slices: list[dict[str, Any]]) -> tuple[bool, bool, bool] | None:
+    """(counters kept, taints kept, multiple allocations kept) from the server's dry-run answers;
+    None when it refuses the layout."""
     resource = ResourceV1Api(api)
-    counters_kept = taints_kept = True
+    counters_kept = taints_kept = multiple_kept = True
     for body in slices:
         try:
             response = await call(
@@ -176,12 +186,18 @@ async def _dry_run(api: Any, slices: list[dict[str, Any]]) -> tuple[bool, bool] 
         for device in spec.get("devices", []):
             counters_kept = counters_kept and bool(device.get("consumesCounters"))
             taints_kept = taints_kept and bool(device.get("taints"))
-    return counters_kept, taints_kept
+            multiple_kept = multiple_kept and bool(device.get("allowMultipleAllocations"))
+    return counters_kept, taints_kept, multiple_kept
 
 
 def overridden(k8s_version: K8sVersion) -> SliceLayout:
-    """A layout given on the command line: trusted as is, every field assumed kept."""
-    return SliceLayout(k8s_version=k8s_version, partitionable=True, taints=True, detected=False)
+    """A layout given on the command line: trusted as is, every field assumed kept that the
+    release keeps by default."""
+    # consumable capacity is on by default from 1.36 only; earlier releases are assumed without it
+    consumable = int(k8s_version.split(".")[1]) >= 36
+    return SliceLayout(
+        k8s_version=k8s_version, partitionable=True, taints=True, consumable=consumable, detected=False
+    )
 
 
 def announce(layout: SliceLayout, node: str) -> None:
@@ -193,6 +209,7 @@ def announce(layout: SliceLayout, node: str) -> None:
         "detected": layout.detected,
         "partitionable": layout.partitionable,
         "taints": layout.taints,
+        "consumable": layout.consumable,
     }
     if layout.degraded:
         log.warning(
@@ -202,6 +219,13 @@ def announce(layout: SliceLayout, node: str) -> None:
         )
     else:
         log.info("ResourceSlice layout chosen", extra=fields)
+    if not (layout.consumable and layout.partitionable):
+        log.info(
+            "consumable capacity (feature gate DRAConsumableCapacity) or partitionable devices are "
+            "off on this API server: no share host is published; shares are decided by Tangram "
+            "from the SharingConfig in a claim",
+            extra=fields,
+        )
     if not layout.taints:
         log.warning(
             "device taints are off on this API server (feature gate DRADeviceTaints): "

@@ -11,6 +11,7 @@ import hashlib
 from itertools import groupby
 from typing import Any
 
+from tangram.dra.devices import SHARE_MEMORY_DEFAULT, SHARE_MEMORY_STEP
 from tangram.dra.model import AttributeValue, CounterSet, Device, NodeDevices, Version
 from tangram.kubernetes.objects.limits import MAX_SUBDOMAIN, K8sVersion, SliceLimits, check_limits, limits_for
 from tangram.quantity import binary_quantity, decimal_quantity
@@ -66,6 +67,17 @@ def render_device(device: Device, driver: str) -> dict[str, Any]:
         "attributes": {_local_name(k, driver): _attribute(v) for k, v in device.attributes.items()},
         "capacity": {_local_name(k, driver): {"value": _quantity(k, v)} for k, v in device.capacity.items()},
     }
+    if device.shared:
+        rendered["allowMultipleAllocations"] = True
+        memory = rendered["capacity"].get("memory")
+        if memory is not None:
+            memory["requestPolicy"] = {
+                "default": binary_quantity(SHARE_MEMORY_DEFAULT),
+                "validRange": {
+                    "min": binary_quantity(SHARE_MEMORY_STEP),
+                    "step": binary_quantity(SHARE_MEMORY_STEP),
+                },
+            }
     if device.consumes:
         rendered["consumesCounters"] = [
             {"counterSet": c.counter_set, "counters": _counters(c.counters)} for c in device.consumes
