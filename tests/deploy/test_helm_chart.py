@@ -207,6 +207,7 @@ def test_the_value_sets_render_what_they_say(rendered: dict[str, list[dict[str, 
         "Job/tangram-nats-streams",
         "DeviceClass/gpu.tangram.dev",
         "DeviceClass/mig.gpu.tangram.dev",
+        "DeviceClass/shared.gpu.tangram.dev",
         "ValidatingAdmissionPolicy/tangram-resourceslices-own-node",
         "ValidatingAdmissionPolicyBinding/tangram-resourceslices-own-node",
     }

@@ -57,6 +57,7 @@ def test_the_expected_objects_are_shipped() -> None:
         "Job/tangram-nats-streams",
         "DeviceClass/gpu.tangram.dev",
         "DeviceClass/mig.gpu.tangram.dev",
+        "DeviceClass/shared.gpu.tangram.dev",
         "SecurityContextConstraints/tangram-node",
         "ValidatingAdmissionPolicy/tangram-resourceslices-own-node",
     ]:

@@ -20,8 +20,7 @@ def adopt(nodes: NodeIndex, holdings: Holdings, decision: Allocated) -> None:
     holdings.hold(decision, taken)
     node = nodes.get(decision.node)
     if node is not None:
-        index = node.shape.index_by_name
-        node.take([index[name] for name in taken if name in index], decision.claim_uid)
+        node.take_held(decision.claim_uid, decision.devices, taken)
         nodes.changed(node.name)
 
 

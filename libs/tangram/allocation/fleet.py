@@ -38,6 +38,7 @@ from tangram.allocation.plans import mig_plan
 from tangram.allocation.requests import ClaimError, ResolvedClaim, resolve
 from tangram.allocation.search import EXPLAINED_CANDIDATES, TANGRAM_NODES_COMPARED, Search
 from tangram.allocation.shape import NodeShape, shape_signature
+from tangram.allocation.sharing import place_share, share_requests
 from tangram.allocation.solver import solve
 from tangram.allocation.spec import DeviceClass, parse_claim_spec
 from tangram.allocation.templates import DeviceTemplates
@@ -94,7 +95,7 @@ class FleetState:
             node.set_destroying(old.destroying)
         for uid in self._holdings.on(hw.node):
             held = self._holdings.held[uid]
-            node.take([shape.index_by_name[n] for n in held.devices if n in shape.index_by_name], uid)
+            node.take_held(uid, held.decision.devices, held.devices)
         self._nodes.put(node, old)
 
     def _without_destroyed(self, hw: NodeHardware) -> NodeHardware:
@@ -145,6 +146,24 @@ class FleetState:
             return Failed(claim_uid=claim.uid, reason=f"invalid claim: {error}", cause="claim")
         except ClaimError as error:
             return Failed(claim_uid=claim.uid, reason=str(error), cause="claim")
+        try:
+            shares = share_requests(resolved, self._nodes.by_name.values(), self._eligibility)
+            if shares:
+                # Shares are not in the demand mix: they take no exclusive capacity's kind.
+                return place_share(
+                    claim,
+                    resolved,
+                    policy,
+                    driver=self.driver,
+                    nodes=self._nodes,
+                    eligibility=self._eligibility,
+                    holdings=self._holdings,
+                    explain=explain,
+                )
+        except ClaimError as error:
+            return Failed(claim_uid=claim.uid, reason=str(error), cause="claim")
+        except Exception as error:
+            return Failed(claim_uid=claim.uid, reason=internal_failure(error), cause="internal")
         # The claim's own kind counts while it is placed; taken back out, exactly, when the
         # decision shows the claim says nothing about demand.
         kind, undo = self._note(claim.uid, resolved)
@@ -184,6 +203,8 @@ class FleetState:
             return
         try:
             resolved = resolve(parse_claim_spec(claim.spec), classes, self.driver)
+            if share_requests(resolved, self._nodes.by_name.values(), self._eligibility):
+                return
         except (ValueError, ClaimError):
             return
         self._note(claim.uid, resolved)
@@ -217,11 +238,13 @@ class FleetState:
         node = self._nodes.get(held.node)
         destroy: list[PartitionPlan] = []
         taken = [d for d in held.decision.devices if not d.admin_access]
-        if node is not None:
-            node.give_back(node.shape.index_by_name[n] for n in held.devices if n in node.shape.index_by_name)
+        # a share host still carrying other claims' shares keeps its instance
+        freed = node.give_back_held(claim_uid, held.devices) if node is not None else None
         if destroy_mig:
             for device in taken:
                 if device.placement is None or device.profile is None or device.profile_id is None:
+                    continue
+                if device.share is not None and freed is not None and device.device not in freed:
                     continue
                 mig_uuid = ""
                 if node is not None and device.device in node.shape.index_by_name:
@@ -249,7 +272,7 @@ class FleetState:
         destroy: list[PartitionPlan] = []
         if node is not None:
             index = node.shape.index_by_name
-            node.give_back(index[n] for n in held.devices if n in index)
+            freed = node.give_back_held(claim_uid, held.devices)
             for device in held.decision.devices:
                 if (
                     device.admin_access
@@ -257,6 +280,7 @@ class FleetState:
                     or device.profile is None
                     or device.profile_id is None
                     or device.device not in index
+                    or (device.share is not None and device.device not in freed)
                 ):
                     continue
                 node.mark_destroying(device.gpu_index, device.profile_id, device.placement.start)

@@ -7,6 +7,7 @@ from typing import Any
 
 from tangram.allocation.shape import DeviceShape, NodeShape
 from tangram.dra.model import Device, NodeDevices
+from tangram.events.catalogue import AllocatedDevice
 from tangram.events.inventory import NodeHardware
 
 
@@ -23,6 +24,28 @@ class ExistingInstance:
         self.mask = sum(1 << s for s in range(start, start + size))
         self.uuid = uuid
         self.in_use = in_use
+
+
+# The holder recorded in NodeState.allocated for a share host's device: its claims are in `hosts`.
+SHARES = "(shares)"
+
+
+class ShareHost:
+    """The shares a share host carries: one strategy for all, each claim's memory and compute."""
+
+    __slots__ = ("shares", "strategy")
+
+    def __init__(self, strategy: str) -> None:
+        self.strategy = strategy
+        self.shares: dict[str, tuple[int, int]] = {}  # claim uid -> (memory bytes, compute percent)
+
+    @property
+    def memory_used(self) -> int:
+        return sum(memory for memory, _ in self.shares.values())
+
+    @property
+    def compute_used(self) -> int:
+        return sum(compute for _, compute in self.shares.values())
 
 
 class NodeState:
@@ -46,6 +69,7 @@ class NodeState:
             self._memory_slices.setdefault(g.index, g.memory_slices)
         self._mig_enabled = {g.index for g in hw.gpus if g.mig_enabled}
         self.allocated: dict[int, str] = {}  # device -> claim uid (admin access never lands here)
+        self.hosts: dict[int, ShareHost] = {}  # share host device -> its shares (allocated to SHARES)
         self.remaining: dict[str, dict[str, int]] = {k: dict(v) for k, v in shape.counter_sets.items()}
         self.destroying: set[tuple[int, int, int]] = set()  # (gpu, profile id, start) being destroyed
         self.existing: dict[int, list[ExistingInstance]] = {
@@ -92,6 +116,70 @@ class NodeState:
                     remaining[counter] = remaining.get(counter, 0) + amount
             self._stale.add(device.gpu_index)
         self.version += 1
+
+    def take_share(self, index: int, uid: str, *, strategy: str, memory: int, compute: int) -> None:
+        """The claim holds a share of the host; the first share opens it (its counters are taken)."""
+        host = self.hosts.get(index)
+        if host is None:
+            self.take([index], SHARES)
+            host = self.hosts[index] = ShareHost(strategy)
+        host.shares[uid] = (memory, compute)
+        self.version += 1
+
+    def give_back_share(self, index: int, uid: str) -> bool:
+        """The claim's share is freed; True when it was the host's last (the host is closed)."""
+        host = self.hosts.get(index)
+        if host is None or host.shares.pop(uid, None) is None:
+            return False
+        self.version += 1
+        if host.shares:
+            return False
+        del self.hosts[index]
+        self.give_back([index])
+        return True
+
+    def take_held(self, uid: str, devices: Iterable[AllocatedDevice], names: Iterable[str]) -> None:
+        """Take what a decision holds on this node: its devices, or its shares of share hosts.
+        Names the node does not advertise (now) are skipped."""
+        index = self.shape.index_by_name
+        shares = {d.device: d.share for d in devices if d.share is not None}
+        plain: list[int] = []
+        for name in names:
+            i = index.get(name)
+            if i is None:
+                continue
+            share = shares.get(name)
+            if share is not None and self.shape.devices[i].shared:
+                counted = share.compute_percent if share.compute_percent < 100 else 0
+                self.take_share(i, uid, strategy=share.strategy, memory=share.memory_bytes, compute=counted)
+            else:
+                plain.append(i)
+        if plain:
+            self.take(plain, uid)
+
+    def give_back_held(self, uid: str, names: Iterable[str]) -> set[str]:
+        """Free what the claim holds on this node; returns the names of devices now free that it
+        held: its own devices, and share hosts its share was the last of."""
+        index = self.shape.index_by_name
+        freed: set[str] = set()
+        plain: list[int] = []
+        for name in names:
+            i = index.get(name)
+            if i is None:
+                continue
+            if i in self.hosts:
+                if self.give_back_share(i, uid):
+                    freed.add(name)
+            else:
+                if i in self.allocated:
+                    freed.add(name)
+                plain.append(i)
+        self.give_back(plain)
+        return freed
+
+    def openable(self, device: DeviceShape) -> bool:
+        """A share host not yet carrying shares can be opened now: its exclusive twin is free."""
+        return device.shared and device.index not in self.allocated and self.available[device.twin]
 
     def mark_destroying(self, gpu_index: int, profile_id: int, start: int) -> None:
         self.destroying.add((gpu_index, profile_id, start))
@@ -267,7 +355,7 @@ class NodeState:
         occupied = (used & ((1 << gpu.slices) - 1)) | gpu.uncounted_slices if gpu.counter_set else 0
         foreign = 0
         if live:
-            claimed_masks = {devices[i].mask for i in gpu.mig if i in allocated}
+            claimed_masks = {devices[i].mask for i in (*gpu.mig, *gpu.shared) if i in allocated}
             for inst in live:
                 if inst.mask not in claimed_masks:
                     foreign |= inst.mask

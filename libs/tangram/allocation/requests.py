@@ -15,7 +15,15 @@ from tangram.allocation.spec import (
     _Selection,
 )
 from tangram.cel import CelCompileError, CelSelector, compile_selector
-from tangram.dra.config import TopologyConfig, parse_topology_config
+from tangram.dra.config import (
+    PARAMETER_KINDS,
+    SHARING_KIND,
+    TOPOLOGY_KIND,
+    SharingConfig,
+    TopologyConfig,
+    parse_sharing_config,
+    parse_topology_config,
+)
 
 
 class ClaimError(Exception):
@@ -68,12 +76,28 @@ class TopologyRule:
 
 
 @dataclass(frozen=True, slots=True)
+class SharingRule:
+    requests: frozenset[str] | None
+    config: SharingConfig
+
+
+@dataclass(frozen=True, slots=True)
 class ResolvedClaim:
     requests: tuple[Request, ...]
     constraints: tuple[Constraint, ...]
     topology: tuple[TopologyRule, ...]
     spread: bool
     config: tuple[dict[str, Any], ...]
+    # SharingConfigs in the order DRA applies configs (the class's, then the claim's): the last
+    # one that covers a request is the one it gets
+    sharing: tuple[SharingRule, ...] = ()
+
+    def sharing_for(self, alt: Alternative) -> SharingConfig | None:
+        found = None
+        for rule in self.sharing:
+            if covers(rule.requests, alt):
+                found = rule.config
+        return found
 
 
 def _node_scoped(expression: str) -> bool:
@@ -85,7 +109,9 @@ def _alternative(
     result_name: str,
     selection: _Selection,
     admin: bool,
+    *,
     classes: Mapping[str, DeviceClass],
+    driver: str,
 ) -> Alternative:
     device_class = classes.get(selection.deviceClassName)
     if device_class is None:
@@ -109,7 +135,13 @@ def _alternative(
         count=selection.wanted,
         admin=admin,
         tolerations=tuple(selection.tolerations),
-        capacity=tuple(sorted((selection.capacity.requests if selection.capacity else {}).items())),
+        # a capacity named without a domain is the driver's own, as in a ResourceSlice
+        capacity=tuple(
+            sorted(
+                (name if "/" in name else f"{driver}/{name}", amount)
+                for name, amount in (selection.capacity.requests if selection.capacity else {}).items()
+            )
+        ),
         node_scoped=any(_node_scoped(s.expression) for _, s in selectors),
     )
 
@@ -126,10 +158,19 @@ def resolve(
     for req in devices.requests:
         alts: tuple[Alternative, ...]
         if req.exactly is not None:
-            alts = (_alternative(req.name, req.name, req.exactly, bool(req.exactly.adminAccess), classes),)
+            alts = (
+                _alternative(
+                    req.name,
+                    req.name,
+                    req.exactly,
+                    bool(req.exactly.adminAccess),
+                    classes=classes,
+                    driver=driver,
+                ),
+            )
         else:
             alts = tuple(
-                _alternative(req.name, f"{req.name}/{sub.name}", sub, False, classes)
+                _alternative(req.name, f"{req.name}/{sub.name}", sub, False, classes=classes, driver=driver)
                 for sub in req.firstAvailable or []
             )
         for alt in alts:
@@ -144,10 +185,11 @@ def resolve(
         for c in devices.constraints
     )
     topology: list[TopologyRule] = []
+    sharing: list[SharingRule] = []
     spread = False
     config: list[dict[str, Any]] = []
     for class_name in sorted(used_classes):
-        for class_entry in classes[class_name].spec.config:
+        for position, class_entry in enumerate(classes[class_name].spec.config):
             if class_entry.opaque is not None:
                 config.append(
                     {
@@ -156,13 +198,34 @@ def resolve(
                         "opaque": class_entry.opaque.model_dump(),
                     }
                 )
+                if (
+                    class_entry.opaque.driver == driver
+                    and class_entry.opaque.parameters.get("kind") == SHARING_KIND
+                ):
+                    try:
+                        parsed_class = parse_sharing_config(
+                            class_entry.opaque.parameters,
+                            f'class "{class_name}" spec.config[{position}].opaque.parameters',
+                        )
+                    except ValueError as error:
+                        raise ClaimError(f"invalid SharingConfig: {error}") from None
+                    sharing.append(SharingRule(frozenset(used_classes[class_name]), parsed_class))
     for position, entry in enumerate(devices.config):
         if entry.opaque is None:
             continue
         config.append(
             {"source": "FromClaim", "requests": list(entry.requests), "opaque": entry.opaque.model_dump()}
         )
-        if entry.opaque.driver != driver or entry.opaque.parameters.get("kind") != "TopologyConfig":
+        if entry.opaque.driver == driver and entry.opaque.parameters.get("kind") == SHARING_KIND:
+            try:
+                parsed_sharing = parse_sharing_config(
+                    entry.opaque.parameters, f"spec.devices.config[{position}].opaque.parameters"
+                )
+            except ValueError as error:
+                raise ClaimError(f"invalid SharingConfig: {error}") from None
+            sharing.append(SharingRule(_top_level(entry.requests), parsed_sharing))
+            continue
+        if entry.opaque.driver != driver or entry.opaque.parameters.get("kind") != TOPOLOGY_KIND:
             continue
         try:
             parsed: TopologyConfig = parse_topology_config(
@@ -183,12 +246,12 @@ def resolve(
         if (
             opaque is not None
             and opaque.driver == driver
-            and opaque.parameters.get("kind") != "TopologyConfig"
+            and opaque.parameters.get("kind") not in PARAMETER_KINDS
         ):
             kind = opaque.parameters.get("kind")
             raise ClaimError(
                 f"spec.devices.config[{position}].opaque.parameters.kind: {kind!r} is not a "
-                f"{driver} parameter kind (expected TopologyConfig)"
+                f"{driver} parameter kind (expected {' or '.join(PARAMETER_KINDS)})"
             )
     return ResolvedClaim(
         requests=tuple(requests),
@@ -196,6 +259,7 @@ def resolve(
         topology=tuple(topology),
         spread=spread,
         config=tuple(config),
+        sharing=tuple(sharing),
     )
 
 

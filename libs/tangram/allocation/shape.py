@@ -14,7 +14,7 @@ import msgspec
 
 from tangram.allocation.links import PairTable
 from tangram.dra.model import Device, NodeDevices
-from tangram.dra.names import memory_slice_counter
+from tangram.dra.names import SHARED_SUFFIX, memory_slice_counter, qualified
 from tangram.events.inventory import GpuInfo, NodeHardware
 
 # Attributes whose values differ between otherwise identical nodes; a selector that names one of
@@ -59,6 +59,9 @@ class DeviceShape:
     slice_set: str | None = None
     slice_bits: int = 0
     needs: tuple[tuple[str, str, int], ...] = ()
+    shared: bool = False  # a share host: several claims may hold it (see NodeState.hosts)
+    twin: int = -1  # a share host's exclusive device: same GPU or placement, same counters
+    memory: int = 0  # bytes: a share host's memory, what its shares divide
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,7 @@ class GpuShape:
     counter_set: str | None
     placements: tuple[tuple[int, int], ...]  # (size, mask) of every profile's placements
     uncounted_slices: int = 0  # memory slices with no one-unit counter in counter_set: never free
+    shared: tuple[int, ...] = ()  # share host devices
 
 
 class NodeShape:
@@ -88,11 +92,15 @@ class NodeShape:
         by_index: dict[int, GpuInfo] = {}
         for g in hw.gpus:
             by_index.setdefault(g.index, g)
+        index_by_name = {d.name: i for i, d in enumerate(devices.devices)}
         self.devices: tuple[DeviceShape, ...] = tuple(
-            _device_shape(i, d, by_index[d.gpu_index], self.slice_counters)
+            _device_shape(
+                i, d, by_index[d.gpu_index], self.slice_counters, index_by_name, driver=devices.driver
+            )
             for i, d in enumerate(devices.devices)
         )
-        self.index_by_name = {d.name: d.index for d in self.devices}
+        self.index_by_name = index_by_name
+        self.has_share_hosts = any(d.shared for d in self.devices)
         self.pairs = PairTable([g.index for g in hw.gpus], hw.links)
         per_gpu: dict[int, list[DeviceShape]] = {}
         for d in self.devices:
@@ -100,8 +108,8 @@ class NodeShape:
         gpus: dict[int, GpuShape] = {}
         for gpu in sorted(hw.gpus, key=lambda g: g.index):
             mine = per_gpu.get(gpu.index, [])
-            whole = next((d.index for d in mine if d.kind == "gpu"), None)
-            mig = tuple(d.index for d in mine if d.kind == "mig")
+            whole = next((d.index for d in mine if d.kind == "gpu" and not d.shared), None)
+            mig = tuple(d.index for d in mine if d.kind == "mig" and not d.shared)
             sets = {name for d in mine for name, _ in d.consumes}
             counter_set = min(sets) if sets else None
             slices = gpu.memory_slices if mig else 0
@@ -114,6 +122,7 @@ class NodeShape:
                 counter_set=counter_set,
                 placements=tuple(sorted((self.devices[i].size, self.devices[i].mask) for i in mig)),
                 uncounted_slices=sum(1 << s for s in range(slices) if s not in counted),
+                shared=tuple(d.index for d in mine if d.shared),
             )
         self.gpus = gpus
         by_set: dict[str, list[int]] = {name: [] for name in self.counter_sets}
@@ -135,7 +144,13 @@ class NodeShape:
 
 
 def _device_shape(
-    index: int, device: Device, gpu: GpuInfo, slice_counters: dict[str, tuple[tuple[int, str], ...]]
+    index: int,
+    device: Device,
+    gpu: GpuInfo,
+    slice_counters: dict[str, tuple[tuple[int, str], ...]],
+    index_by_name: dict[str, int],
+    *,
+    driver: str,
 ) -> DeviceShape:
     if device.placement is not None:
         size = device.placement.size
@@ -166,6 +181,9 @@ def _device_shape(
         slice_set=slice_set,
         slice_bits=slice_bits,
         needs=tuple(needs),
+        shared=device.shared,
+        twin=index_by_name[device.name.removesuffix(SHARED_SUFFIX)] if device.shared else -1,
+        memory=device.capacity.get(qualified(driver, "memory"), 0),
     )
 
 

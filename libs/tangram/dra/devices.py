@@ -181,7 +181,9 @@ def _share_host(domain: str, exclusive: Device) -> Device:
             attrs[qualified(domain, "shareOf")] = exclusive.kind
         else:
             attrs[name] = value
-    return msgspec.structs.replace(exclusive, name=shared_device_name(exclusive.name), attributes=attrs, shared=True)
+    return msgspec.structs.replace(
+        exclusive, name=shared_device_name(exclusive.name), attributes=attrs, shared=True
+    )
 
 
 def share_hosts(domain: str, gpu: GpuInfo, exclusive: list[Device]) -> list[Device]:
@@ -243,8 +245,7 @@ def whole_devices_only(devices: NodeDevices) -> NodeDevices:
     kept = [
         msgspec.structs.replace(d, consumes=[])
         for d in devices.devices
-        if not d.shared
-        and ((d.kind == "gpu" and d.gpu_index not in cut) or (d.kind == "mig" and _exists(d)))
+        if not d.shared and ((d.kind == "gpu" and d.gpu_index not in cut) or (d.kind == "mig" and _exists(d)))
     ]
     return msgspec.structs.replace(devices, devices=kept, counter_sets=[])
 

@@ -207,7 +207,8 @@ class KubeAllocationSource:
         uid = allocation.claim.uid
         hardware = self._view.hardware
         # Device names are stable (GPU, profile, first slice): the inventory says where each sits.
-        by_name = {d.name: d for d in node_devices(hardware, driver=self.driver, shared=True).devices} if hardware else {}
+        advertised = node_devices(hardware, driver=self.driver, shared=True).devices if hardware else []
+        by_name = {d.name: d for d in advertised}
         for device in allocation.devices:
             if not device.is_mig:
                 continue

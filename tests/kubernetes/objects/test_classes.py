@@ -29,7 +29,7 @@ def device_class(*expressions: str) -> dict[str, Any]:
 
 def test_the_shipped_classes_are_tangrams() -> None:
     shipped = load_shipped_device_classes()
-    assert len(shipped) == 2
+    assert len(shipped) == 3
     assert all(is_tangram_class(c) for c in shipped)
 
 

@@ -15,9 +15,13 @@ from tests.support.driver import DRIVER
 REPO = Path(__file__).resolve().parents[3]
 
 
-def test_shipped_classes_are_the_two_tangram_classes() -> None:
+def test_shipped_classes_are_the_three_tangram_classes() -> None:
     classes = load_shipped_device_classes()
-    assert [c["metadata"]["name"] for c in classes] == ["gpu.tangram.dev", "mig.gpu.tangram.dev"]
+    assert [c["metadata"]["name"] for c in classes] == [
+        "gpu.tangram.dev",
+        "mig.gpu.tangram.dev",
+        "shared.gpu.tangram.dev",
+    ]
     assert {c["apiVersion"] for c in classes} == {"resource.k8s.io/v1"}
 
 
@@ -48,11 +52,12 @@ def _cel_device(device: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    ("class_name", "expected_kind"), [("gpu.tangram.dev", "gpu"), ("mig.gpu.tangram.dev", "mig")]
+    ("class_name", "expected_kind"),
+    [("gpu.tangram.dev", "gpu"), ("mig.gpu.tangram.dev", "mig"), ("shared.gpu.tangram.dev", "shared")],
 )
 def test_class_selectors_pick_exactly_their_kind(class_name: str, expected_kind: str) -> None:
     [device_class] = [c for c in load_shipped_device_classes() if c["metadata"]["name"] == class_name]
-    slices = render_slices(node_devices(h100_node()), k8s_version="1.35", driver=DRIVER)
+    slices = render_slices(node_devices(h100_node(), shared=True), k8s_version="1.37", driver=DRIVER)
     devices = [d for s in slices for d in s["spec"].get("devices") or []]
     expressions = [sel["cel"]["expression"] for sel in device_class["spec"]["selectors"]]
     selected = {
@@ -62,6 +67,10 @@ def test_class_selectors_pick_exactly_their_kind(class_name: str, expected_kind:
     }
     if expected_kind == "gpu":
         assert selected == {f"gpu-{i}" for i in range(8)}
+    elif expected_kind == "shared":
+        # per GPU: itself, and 17 placements (no media extensions, smaller than the GPU)
+        assert len(selected) == 8 * 18
+        assert all(n.endswith("-shared") for n in selected)
     else:
         assert len(selected) == 8 * 25
         assert all("-mig-" in n for n in selected)

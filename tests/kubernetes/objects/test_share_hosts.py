@@ -52,7 +52,9 @@ def test_a_non_mig_gpu_and_its_share_host_consume_the_same_counters(version: str
 
 def test_mig_share_hosts_are_placements_without_media_extensions_smaller_than_the_gpu() -> None:
     devices = devices_of(render(h100_node(), "1.37"))
-    hosts = sorted(n.removeprefix("gpu-0-mig-") for n in devices if n.startswith("gpu-0-mig-") and n.endswith("-shared"))
+    hosts = sorted(
+        n.removeprefix("gpu-0-mig-") for n in devices if n.startswith("gpu-0-mig-") and n.endswith("-shared")
+    )
     assert hosts == sorted(
         [f"1g-10gb-{s}-shared" for s in range(7)]
         + [f"1g-20gb-{s}-shared" for s in (0, 2, 4, 6)]

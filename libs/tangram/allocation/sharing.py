@@ -1,0 +1,316 @@
+"""Placing a share: a claim of shared.gpu.tangram.dev joins a share host that has room, or opens one.
+
+A share host is a device several claims may hold at once (a whole GPU, or a MIG placement), each
+claim holding a share of its memory and, when asked, of its compute (MPS active thread
+percentage). One strategy per host: MPS shares never meet time-sliced ones on one device.
+
+Tangram's order, facts of hardware and state only:
+1. join a host already carrying shares, the one left fullest (best fit by memory, then compute),
+   so that shares pack onto GPUs already shared;
+2. else open a fresh host, preferring one that takes no whole GPU away (a MIG placement on a GPU
+   already cut), then one whose GPU has no free NVLink peer (NVLink sets stay whole for exclusive
+   claims), then the smallest host that fits (a MIG instance rather than a whole GPU), then the
+   placement that spoils the fewest larger MIG placements, then the fullest node.
+First-fit takes the first host that fits in node and device order; best-fit takes the fullest
+host that fits, open or not, the smallest when opening.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from tangram.allocation.eligibility import NodeEligibility
+from tangram.allocation.holdings import Holdings
+from tangram.allocation.model import Allocated, Claim, Decision, Failed, PartitionPlan, Policy
+from tangram.allocation.node import NodeState
+from tangram.allocation.nodeindex import NodeIndex
+from tangram.allocation.plans import disable_mig_plan, mig_plan
+from tangram.allocation.requests import Alternative, ClaimError, ResolvedClaim
+from tangram.allocation.shape import DeviceShape, placement_loss
+from tangram.dra.devices import SHARE_MEMORY_DEFAULT, SHARE_MEMORY_STEP
+from tangram.events.catalogue import AllocatedDevice, DeviceShare, SharingStrategy, TimeSlice
+
+# shareIDs are UUIDs derived from the claim and the device, so a replay gives the same ones
+_SHARE_NAMESPACE = uuid.UUID("6b1f6f7e-4c8a-5d2e-9a51-7461e6e72a01")
+_REASONS_LISTED = 4  # nodes named in a failure's reason
+
+
+@dataclass(frozen=True, slots=True)
+class ShareAsk:
+    """What one share takes: memory (bytes, in steps), compute percent (0: not limited, not counted)."""
+
+    strategy: SharingStrategy
+    memory: int
+    compute: int
+    time_slice: TimeSlice
+
+    def describe(self) -> str:
+        text = f"{gib(self.memory)} GiB"
+        if self.compute:
+            text += f", {self.compute}% compute"
+        return f"{text} ({self.strategy})"
+
+
+def gib(value: int) -> str:
+    return f"{value / 2**30:.4g}"
+
+
+def share_id(claim_uid: str, device: str) -> str:
+    return str(uuid.uuid5(_SHARE_NAMESPACE, f"{claim_uid}/{device}"))
+
+
+def share_ask(resolved: ResolvedClaim, alt: Alternative, driver: str) -> ShareAsk:
+    """The share the request asks for: `capacity.requests.memory` where given (consumable
+    capacity), else the SharingConfig's memory, else the default; rounded up to the step."""
+    config = resolved.sharing_for(alt)
+    requested = dict(alt.capacity).get(f"{driver}/memory")
+    memory = requested if requested is not None else (config.memory if config and config.memory else None)
+    memory = SHARE_MEMORY_DEFAULT if memory is None else memory
+    memory = max(SHARE_MEMORY_STEP, -(-memory // SHARE_MEMORY_STEP) * SHARE_MEMORY_STEP)
+    return ShareAsk(
+        strategy=config.strategy if config else "MPS",
+        memory=memory,
+        # 100% is the whole device's compute, the same as no limit: neither is counted
+        compute=config.computePercent
+        if config and config.computePercent and config.computePercent < 100
+        else 0,
+        time_slice=config.timeSlice if config else "Default",
+    )
+
+
+def share_requests(resolved: ResolvedClaim, nodes: Iterable[NodeState], eligibility: NodeEligibility) -> bool:
+    """Whether the claim asks for shares: its requests select share hosts (on the first node whose
+    shape has any device they select). Raises ClaimError for a claim mixing shares and devices of
+    its own, or asking for a share in a way Tangram does not place."""
+    alts = [alt for request in resolved.requests for alt in request.alternatives]
+    kinds: dict[str, bool] = {}
+    seen: set[str] = set()
+    for node in nodes:
+        if node.shape.signature in seen:
+            continue
+        seen.add(node.shape.signature)
+        for alt in alts:
+            if alt.result_name in kinds:
+                continue
+            found = eligibility.on(node, alt)
+            if found.devices:
+                kinds[alt.result_name] = all(node.shape.devices[d].shared for d in found.devices)
+        if len(kinds) == len(alts):
+            break
+    shared = [name for name, is_shared in kinds.items() if is_shared]
+    if not shared:
+        if resolved.sharing:
+            raise ClaimError(
+                "a SharingConfig applies only to requests of shared devices (device class "
+                '"shared.gpu.tangram.dev"); no request of this claim selects one'
+            )
+        return False
+    if len(shared) != len(alts) or len(resolved.requests) != 1:
+        raise ClaimError(
+            "a claim of shared devices asks for exactly one share in one request (without "
+            f"firstAvailable alternatives of other kinds); this one has {len(alts)} alternatives in "
+            f"{len(resolved.requests)} requests"
+        )
+    alt = alts[0]
+    if alt.count != 1 or alt.all_mode or alt.admin:
+        raise ClaimError(
+            f'request "{alt.result_name}": a share is one device (count 1, allocationMode '
+            "ExactCount, no admin access)"
+        )
+    if resolved.constraints or resolved.topology:
+        raise ClaimError("constraints and TopologyConfig do not apply to a share of one device")
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class _Pick:
+    rank: tuple[Any, ...]
+    node: NodeState
+    device: DeviceShape
+    opens: bool
+
+
+def place_share(
+    claim: Claim,
+    resolved: ResolvedClaim,
+    policy: Policy,
+    *,
+    driver: str,
+    nodes: NodeIndex,
+    eligibility: NodeEligibility,
+    holdings: Holdings,
+    explain: bool,
+) -> Decision:
+    alt = resolved.requests[0].alternatives[0]
+    ask = share_ask(resolved, alt, driver)
+    best: _Pick | None = None
+    refusals: list[tuple[tuple[Any, ...], str]] = []
+    candidates = 0
+    for name in sorted(nodes.by_name):
+        node = nodes.by_name[name]
+        if not node.shape.has_share_hosts:
+            continue
+        eligible = eligibility.for_claim(node, alt)
+        hosts = [node.shape.devices[d] for d in eligible.devices if node.shape.devices[d].shared]
+        if not hosts:
+            continue
+        candidates += 1
+        picks = list(_picks(node, hosts, ask, policy))
+        if not picks:
+            refusals.append(_refusal(node, hosts, ask))
+            continue
+        pick = picks[0] if policy == "first-fit" else min(picks, key=lambda p: p.rank)
+        if best is None or (policy != "first-fit" and pick.rank < best.rank):
+            best = pick
+        if policy == "first-fit":
+            break
+    if best is None:
+        refusals.sort()
+        listed = "; ".join(text for _, text in refusals[:_REASONS_LISTED])
+        more = len(refusals) - _REASONS_LISTED
+        reason = (
+            f"no shared device has room for a share of {ask.describe()}"
+            + (f": {listed}" if listed else "")
+            + (f"; and {more} more nodes" if more > 0 else "")
+        )
+        if not candidates:
+            reason = f'request "{alt.result_name}": no node has a shared device the request selects'
+        return Failed(
+            claim_uid=claim.uid,
+            reason=reason,
+            cause="capacity" if candidates else "hardware",
+            explanation=[text for _, text in refusals] if explain else [],
+        )
+    return _commit(
+        claim, resolved, alt, ask, best, driver=driver, nodes=nodes, holdings=holdings, explain=explain
+    )
+
+
+def _picks(node: NodeState, hosts: list[DeviceShape], ask: ShareAsk, policy: Policy) -> Iterable[_Pick]:
+    free_whole = sum(node.whole_free.values())
+    for device in hosts:
+        host = node.hosts.get(device.index)
+        if host is not None:
+            if host.strategy != ask.strategy:
+                continue
+            memory_left = device.memory - host.memory_used - ask.memory
+            compute_left = 100 - host.compute_used - ask.compute
+            if memory_left < 0 or compute_left < 0:
+                continue
+            rank: tuple[Any, ...] = (0, memory_left, compute_left, device.memory, free_whole, device.index)
+            yield _Pick(rank, node, device, opens=False)
+        elif device.memory >= ask.memory and node.openable(device):
+            yield _Pick(_open_rank(node, device, free_whole, policy), node, device, opens=True)
+
+
+def _open_rank(node: NodeState, device: DeviceShape, free_whole: int, policy: Policy) -> tuple[Any, ...]:
+    if policy != "tangram":
+        return (1, device.memory, free_whole, device.index)
+    gpu = device.gpu_index
+    takes_whole = node.whole_free.get(gpu, False)
+    nvlink_peer = takes_whole and any(
+        other != gpu and free and node.shape.pairs.nvlinks(gpu, other) > 0
+        for other, free in node.whole_free.items()
+    )
+    spoiled: tuple[int, ...] = ()
+    if device.kind == "mig":
+        placements = node.shape.gpus[gpu].placements
+        spoiled = placement_loss(placements, node.occupied.get(gpu, 0), device.mask)
+    return (1, takes_whole, nvlink_peer, device.memory, spoiled, free_whole, device.index)
+
+
+def _refusal(node: NodeState, hosts: list[DeviceShape], ask: ShareAsk) -> tuple[tuple[Any, ...], str]:
+    """Why the node has no room: the most memory left on a host of the same strategy, the compute
+    left there, and whether a fresh host could be opened."""
+    open_hosts = [(d, node.hosts[d.index]) for d in hosts if d.index in node.hosts]
+    same = [(d, h) for d, h in open_hosts if h.strategy == ask.strategy]
+    parts: list[str] = []
+    if same:
+        device, host = max(same, key=lambda dh: (dh[0].memory - dh[1].memory_used, -dh[0].index))
+        parts.append(
+            f"{device.name} has {gib(device.memory - host.memory_used)} GiB of memory and "
+            f"{100 - host.compute_used}% compute left"
+        )
+    others = len(open_hosts) - len(same)
+    if others:
+        plural = others != 1
+        devices = f"{others} shared device{'s' if plural else ''}"
+        parts.append(f"{devices} run{'' if plural else 's'} another strategy")
+    largest = max((d.memory for d in hosts), default=0)
+    if largest < ask.memory:
+        parts.append(f"its largest shared device has {gib(largest)} GiB")
+    else:
+        parts.append("no shared device is free to open")
+    left = max((d.memory - h.memory_used for d, h in same), default=0)
+    return (-left, node.name), f"{node.name}: " + ", ".join(parts)
+
+
+def _commit(
+    claim: Claim,
+    resolved: ResolvedClaim,
+    alt: Alternative,
+    ask: ShareAsk,
+    pick: _Pick,
+    *,
+    driver: str,
+    nodes: NodeIndex,
+    holdings: Holdings,
+    explain: bool,
+) -> Allocated:
+    node, shape = pick.node, pick.device
+    device = node.devices[shape.index]
+    partitions: list[PartitionPlan] = []
+    if pick.opens and device.placement is None and node.mig_enabled(device.gpu_index):
+        partitions.append(disable_mig_plan(node, device.gpu_index, device.gpu_uuid))
+    creates = (
+        pick.opens
+        and device.placement is not None
+        and device.profile_id is not None
+        and node.instance_for(shape) is None
+    )
+    if creates:
+        partitions.append(mig_plan(device))
+    allocated = AllocatedDevice(
+        request=alt.result_name,
+        driver=driver,
+        pool=node.pool,
+        device=device.name,
+        gpu_index=device.gpu_index,
+        gpu_uuid=device.gpu_uuid,
+        profile=device.profile,
+        profile_id=device.profile_id,
+        placement=device.placement,
+        share=DeviceShare(
+            id=share_id(claim.uid, device.name),
+            strategy=ask.strategy,
+            memory_bytes=ask.memory,
+            compute_percent=ask.compute or 100,
+            time_slice=ask.time_slice,
+        ),
+    )
+    notes: list[str] = []
+    if explain:
+        host = node.hosts.get(shape.index)
+        used = host.memory_used if host else 0
+        notes.append(
+            f"chosen {node.name} {device.name}: "
+            + ("opens it" if pick.opens else f"joins {len(host.shares) if host else 0} shares")
+            + f", {gib(shape.memory - used - ask.memory)} GiB left after"
+        )
+    decision = Allocated(
+        claim_uid=claim.uid,
+        node=node.name,
+        devices=[allocated],
+        partitions=partitions,
+        config=list(resolved.config),
+        explanation=notes,
+    )
+    if creates and device.placement is not None and device.profile_id is not None:
+        holdings.made.add((node.name, device.gpu_index, device.profile_id, device.placement.start))
+    node.take_share(shape.index, claim.uid, strategy=ask.strategy, memory=ask.memory, compute=ask.compute)
+    nodes.reindex(node)
+    holdings.hold(decision, (device.name,))
+    return decision
