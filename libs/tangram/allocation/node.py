@@ -7,6 +7,7 @@ from typing import Any
 
 from tangram.allocation.shape import DeviceShape, NodeShape
 from tangram.dra.model import Device, NodeDevices
+from tangram.dra.sharing import counted_compute
 from tangram.events.catalogue import AllocatedDevice
 from tangram.events.inventory import NodeHardware
 
@@ -150,8 +151,9 @@ class NodeState:
                 continue
             share = shares.get(name)
             if share is not None and self.shape.devices[i].shared:
-                counted = share.compute_percent if share.compute_percent < 100 else 0
-                self.take_share(i, uid, strategy=share.strategy, memory=share.memory_bytes, compute=counted)
+                self.take_share(
+                    i, uid, strategy=share.strategy, memory=share.memory_bytes, compute=counted_compute(share)
+                )
             else:
                 plain.append(i)
         if plain:

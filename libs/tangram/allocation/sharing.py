@@ -17,10 +17,11 @@ host that fits, open or not, the smallest when opening.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from tangram.allocation.eligibility import NodeEligibility
 from tangram.allocation.holdings import Holdings
@@ -30,55 +31,28 @@ from tangram.allocation.nodeindex import NodeIndex
 from tangram.allocation.plans import disable_mig_plan, mig_plan
 from tangram.allocation.requests import Alternative, ClaimError, ResolvedClaim
 from tangram.allocation.shape import DeviceShape, placement_loss
-from tangram.dra.devices import SHARE_MEMORY_DEFAULT, SHARE_MEMORY_STEP
-from tangram.events.catalogue import AllocatedDevice, DeviceShare, SharingStrategy, TimeSlice
+from tangram.dra.sharing import counted_compute, share_id, share_memory, share_of
+from tangram.events.catalogue import AllocatedDevice, DeviceShare
 
-# shareIDs are UUIDs derived from the claim and the device, so a replay gives the same ones
-_SHARE_NAMESPACE = uuid.UUID("6b1f6f7e-4c8a-5d2e-9a51-7461e6e72a01")
 _REASONS_LISTED = 4  # nodes named in a failure's reason
-
-
-@dataclass(frozen=True, slots=True)
-class ShareAsk:
-    """What one share takes: memory (bytes, in steps), compute percent (0: not limited, not counted)."""
-
-    strategy: SharingStrategy
-    memory: int
-    compute: int
-    time_slice: TimeSlice
-
-    def describe(self) -> str:
-        text = f"{gib(self.memory)} GiB"
-        if self.compute:
-            text += f", {self.compute}% compute"
-        return f"{text} ({self.strategy})"
 
 
 def gib(value: int) -> str:
     return f"{value / 2**30:.4g}"
 
 
-def share_id(claim_uid: str, device: str) -> str:
-    return str(uuid.uuid5(_SHARE_NAMESPACE, f"{claim_uid}/{device}"))
+def describe(share: DeviceShare) -> str:
+    text = f"{gib(share.memory_bytes)} GiB"
+    if counted_compute(share):
+        text += f", {share.compute_percent}% compute"
+    return f"{text} ({share.strategy})"
 
 
-def share_ask(resolved: ResolvedClaim, alt: Alternative, driver: str) -> ShareAsk:
-    """The share the request asks for: `capacity.requests.memory` where given (consumable
-    capacity), else the SharingConfig's memory, else the default; rounded up to the step."""
+def share_asked(resolved: ResolvedClaim, alt: Alternative, driver: str) -> DeviceShare:
+    """The share the request asks for (its id is set when the device is chosen)."""
     config = resolved.sharing_for(alt)
-    requested = dict(alt.capacity).get(f"{driver}/memory")
-    memory = requested if requested is not None else (config.memory if config and config.memory else None)
-    memory = SHARE_MEMORY_DEFAULT if memory is None else memory
-    memory = max(SHARE_MEMORY_STEP, -(-memory // SHARE_MEMORY_STEP) * SHARE_MEMORY_STEP)
-    return ShareAsk(
-        strategy=config.strategy if config else "MPS",
-        memory=memory,
-        # 100% is the whole device's compute, the same as no limit: neither is counted
-        compute=config.computePercent
-        if config and config.computePercent and config.computePercent < 100
-        else 0,
-        time_slice=config.timeSlice if config else "Default",
-    )
+    memory = share_memory(dict(alt.capacity).get(f"{driver}/memory"), config)
+    return share_of("", config, memory=memory)
 
 
 def share_requests(resolved: ResolvedClaim, nodes: Iterable[NodeState], eligibility: NodeEligibility) -> bool:
@@ -145,7 +119,7 @@ def place_share(
     explain: bool,
 ) -> Decision:
     alt = resolved.requests[0].alternatives[0]
-    ask = share_ask(resolved, alt, driver)
+    ask = share_asked(resolved, alt, driver)
     best: _Pick | None = None
     refusals: list[tuple[tuple[Any, ...], str]] = []
     candidates = 0
@@ -172,7 +146,7 @@ def place_share(
         listed = "; ".join(text for _, text in refusals[:_REASONS_LISTED])
         more = len(refusals) - _REASONS_LISTED
         reason = (
-            f"no shared device has room for a share of {ask.describe()}"
+            f"no shared device has room for a share of {describe(ask)}"
             + (f": {listed}" if listed else "")
             + (f"; and {more} more nodes" if more > 0 else "")
         )
@@ -189,20 +163,21 @@ def place_share(
     )
 
 
-def _picks(node: NodeState, hosts: list[DeviceShape], ask: ShareAsk, policy: Policy) -> Iterable[_Pick]:
+def _picks(node: NodeState, hosts: list[DeviceShape], ask: DeviceShare, policy: Policy) -> Iterable[_Pick]:
     free_whole = sum(node.whole_free.values())
+    memory, compute = ask.memory_bytes, counted_compute(ask)
     for device in hosts:
         host = node.hosts.get(device.index)
         if host is not None:
             if host.strategy != ask.strategy:
                 continue
-            memory_left = device.memory - host.memory_used - ask.memory
-            compute_left = 100 - host.compute_used - ask.compute
+            memory_left = device.memory - host.memory_used - memory
+            compute_left = 100 - host.compute_used - compute
             if memory_left < 0 or compute_left < 0:
                 continue
             rank: tuple[Any, ...] = (0, memory_left, compute_left, device.memory, free_whole, device.index)
             yield _Pick(rank, node, device, opens=False)
-        elif device.memory >= ask.memory and node.openable(device):
+        elif device.memory >= memory and node.openable(device):
             yield _Pick(_open_rank(node, device, free_whole, policy), node, device, opens=True)
 
 
@@ -222,7 +197,7 @@ def _open_rank(node: NodeState, device: DeviceShape, free_whole: int, policy: Po
     return (1, takes_whole, nvlink_peer, device.memory, spoiled, free_whole, device.index)
 
 
-def _refusal(node: NodeState, hosts: list[DeviceShape], ask: ShareAsk) -> tuple[tuple[Any, ...], str]:
+def _refusal(node: NodeState, hosts: list[DeviceShape], ask: DeviceShare) -> tuple[tuple[Any, ...], str]:
     """Why the node has no room: the most memory left on a host of the same strategy, the compute
     left there, and whether a fresh host could be opened."""
     open_hosts = [(d, node.hosts[d.index]) for d in hosts if d.index in node.hosts]
@@ -240,7 +215,7 @@ def _refusal(node: NodeState, hosts: list[DeviceShape], ask: ShareAsk) -> tuple[
         devices = f"{others} shared device{'s' if plural else ''}"
         parts.append(f"{devices} run{'' if plural else 's'} another strategy")
     largest = max((d.memory for d in hosts), default=0)
-    if largest < ask.memory:
+    if largest < ask.memory_bytes:
         parts.append(f"its largest shared device has {gib(largest)} GiB")
     else:
         parts.append("no shared device is free to open")
@@ -252,7 +227,7 @@ def _commit(
     claim: Claim,
     resolved: ResolvedClaim,
     alt: Alternative,
-    ask: ShareAsk,
+    ask: DeviceShare,
     pick: _Pick,
     *,
     driver: str,
@@ -283,13 +258,7 @@ def _commit(
         profile=device.profile,
         profile_id=device.profile_id,
         placement=device.placement,
-        share=DeviceShare(
-            id=share_id(claim.uid, device.name),
-            strategy=ask.strategy,
-            memory_bytes=ask.memory,
-            compute_percent=ask.compute or 100,
-            time_slice=ask.time_slice,
-        ),
+        share=msgspec.structs.replace(ask, id=share_id(claim.uid, device.name)),
     )
     notes: list[str] = []
     if explain:
@@ -298,7 +267,7 @@ def _commit(
         notes.append(
             f"chosen {node.name} {device.name}: "
             + ("opens it" if pick.opens else f"joins {len(host.shares) if host else 0} shares")
-            + f", {gib(shape.memory - used - ask.memory)} GiB left after"
+            + f", {gib(shape.memory - used - ask.memory_bytes)} GiB left after"
         )
     decision = Allocated(
         claim_uid=claim.uid,
@@ -310,7 +279,9 @@ def _commit(
     )
     if creates and device.placement is not None and device.profile_id is not None:
         holdings.made.add((node.name, device.gpu_index, device.profile_id, device.placement.start))
-    node.take_share(shape.index, claim.uid, strategy=ask.strategy, memory=ask.memory, compute=ask.compute)
+    node.take_share(
+        shape.index, claim.uid, strategy=ask.strategy, memory=ask.memory_bytes, compute=counted_compute(ask)
+    )
     nodes.reindex(node)
     holdings.hold(decision, (device.name,))
     return decision

@@ -16,10 +16,12 @@ from typing import Any, Literal, TypeVar
 
 from tangram import DRIVER_NAME
 from tangram.allocation.model import Allocated
+from tangram.dra.names import SHARED_SUFFIX
 from tangram.events import ClaimAllocated, ClaimReleased, ClaimRequested
 from tangram.events.ids import derived_id
 from tangram.kubernetes.objects.classes import is_tangram_claim, is_tangram_class, requested_class_names
 from tangram.kubernetes.objects.gates import holds_gate, remove_gate_patch
+from tangram.quantity import binary_quantity
 
 ClaimKind = Literal["tangram", "foreign", "allocated", "deleting"]
 
@@ -180,6 +182,12 @@ def allocation_status(
         }
         if device.admin_access:
             result["adminAccess"] = True
+        if device.share is not None:
+            # Where the API server serves consumable capacity, kube-scheduler counts the share as
+            # Tangram does; elsewhere the server drops both fields and the node reads the share
+            # from the claim's SharingConfig.
+            result["shareID"] = device.share.id
+            result["consumedCapacity"] = {"memory": binary_quantity(device.share.memory_bytes)}
         results.append(result)
     devices: dict[str, Any] = {"results": results}
     if allocated.config:
@@ -332,11 +340,12 @@ DeviceKey = tuple[Any, Any, Any]  # (driver, pool, device)
 
 
 def held_devices(allocation: Mapping[str, Any]) -> set[DeviceKey]:
-    """The devices an allocation holds for itself (an adminAccess result holds none)."""
+    """The devices an allocation holds for itself: an adminAccess result holds none, and a share
+    host is held by several claims at once (its room is the allocator's to count)."""
     return {
         (r.get("driver"), r.get("pool"), r.get("device"))
         for r in (allocation.get("devices") or {}).get("results") or []
-        if not r.get("adminAccess")
+        if not r.get("adminAccess") and not str(r.get("device", "")).endswith(SHARED_SUFFIX)
     }
 
 
