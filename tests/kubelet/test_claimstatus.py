@@ -90,8 +90,8 @@ def test_an_allocation_kube_scheduler_made_against_the_topology_config_is_refuse
         (claim(["gpu-0"], [topology(minPairBandwidthGBps=-1)]), r"parameters\.minPairBandwidthGBps"),
         (claim(["gpu-0"], [topology(colour="red")]), r"parameters\.colour: Extra inputs are not permitted"),
         (
-            claim(["gpu-0"], [{"opaque": {"driver": DRIVER, "parameters": {"kind": "SharingConfig"}}}]),
-            r"parameters\.kind: 'SharingConfig' is not a gpu\.tangram\.dev parameter kind",
+            claim(["gpu-0"], [{"opaque": {"driver": DRIVER, "parameters": {"kind": "MemoryConfig"}}}]),
+            r"parameters\.kind: 'MemoryConfig' is not a gpu\.tangram\.dev parameter kind",
         ),
         (
             claim(["gpu-0"], [{"opaque": {"driver": DRIVER, "parameters": "x"}}]),

@@ -132,6 +132,14 @@ class InMemoryAllocationSource:
         or disable-mig and each destroy, so a retry or a prepare after an unprepare acts anew."""
         return self._closed[(claim_uid, gpu_uuid, start)]
 
+    def held_by_others(self, device: str, claim_uid: str) -> bool:
+        """Another live allocation on this node, as the allocator decided it, holds the device (a
+        share host several claims share)."""
+        return any(
+            uid != claim_uid and any(d.device == device for d in allocation.devices)
+            for uid, allocation in self._allocations.items()
+        )
+
     def gpu(self, index: int) -> GpuInfo | None:
         return self._gpus_by_index.get(index)
 
@@ -230,6 +238,7 @@ class InMemoryAllocationSource:
             gpu_index=gpu.index,
             gpu_uuid=gpu.uuid,
             gpu_minor=gpu.minor,
+            share=device.share,
         )
         if device.placement is None:
             if device.partition_command and device.partition_command not in self._created:

@@ -9,14 +9,27 @@ error naming the field, so kubelet reports it on the pod instead of running it o
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
 
 from tangram.cdi.devices import ClaimRef
-from tangram.dra.config import TOPOLOGY_KIND, TopologyConfig, parse_topology_config
+from tangram.dra.config import (
+    PARAMETER_KINDS,
+    SHARING_KIND,
+    SharingConfig,
+    TopologyConfig,
+    parse_sharing_config,
+    parse_topology_config,
+)
 from tangram.dra.model import Device
-from tangram.events import NodeHardware
+from tangram.dra.names import SHARED_SUFFIX
+from tangram.dra.sharing import share_id, share_memory, share_of
+from tangram.events import DeviceShare, NodeHardware
+from tangram.quantity import ceil_quantity
+
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
 class ClaimRefused(ValueError):
@@ -31,6 +44,13 @@ class DeviceResult:
     pool: str
     device: str
     admin_access: bool = False
+    share: DeviceShare | None = None  # a share of a share host: its id, strategy and limits
+
+
+@dataclass(frozen=True)
+class SharingRule:
+    requests: frozenset[str] | None  # None: every request
+    config: SharingConfig
 
 
 @dataclass(frozen=True)
@@ -77,6 +97,7 @@ def read_allocation(obj: Any, claim: ClaimRef, *, driver: str, pool: str) -> Cla
         _mapping(allocation, "status.allocation").get("devices") or {}, "status.allocation.devices"
     )
     results: list[DeviceResult] = []
+    raw_results: list[dict[str, Any]] = []
     drivers: set[str] = set()
     for index, raw in enumerate(_list(devices.get("results"), "status.allocation.devices.results")):
         where = f"status.allocation.devices.results[{index}]"
@@ -100,14 +121,72 @@ def read_allocation(obj: Any, claim: ClaimRef, *, driver: str, pool: str) -> Cla
                 admin_access=bool(entry.get("adminAccess")),
             )
         )
+        raw_results.append(entry)
     if not results:
         named = ", ".join(sorted(d for d in drivers if d)) or "no driver"
         raise ClaimRefused(f"{what} holds no device of driver {driver} (its devices are from {named})")
-    return ClaimAllocation(results=tuple(results), topology=_topology(devices, driver, what))
+    topology, sharing = _configs(devices, driver, what)
+    shared = tuple(
+        _with_share(result, entry, sharing, claim_uid=claim.uid, what=what, position=position)
+        for position, (result, entry) in enumerate(zip(results, raw_results, strict=True))
+    )
+    return ClaimAllocation(results=shared, topology=topology)
 
 
-def _topology(devices: dict[str, Any], driver: str, what: str) -> tuple[TopologyRule, ...]:
+def _with_share(
+    result: DeviceResult,
+    entry: dict[str, Any],
+    sharing: list[SharingRule],
+    *,
+    claim_uid: str,
+    what: str,
+    position: int,
+) -> DeviceResult:
+    """A share host's result with its share; any other result as it is (a shareID there is refused)."""
+    where = f"status.allocation.devices.results[{position}]"
+    if not result.device.endswith(SHARED_SUFFIX):
+        if entry.get("shareID") is not None:
+            raise ClaimRefused(f"{what}: {where}.shareID is set, but {result.device} is not a shared device")
+        return result
+    identifier = entry.get("shareID")
+    if identifier is None:
+        # the API server (consumable capacity off) dropped it: derived as the allocator derived it
+        identifier = share_id(claim_uid, result.device)
+    elif not isinstance(identifier, str) or not _UUID.match(identifier):
+        raise ClaimRefused(f"{what}: {where}.shareID: {identifier!r} is not a UUID")
+    consumed = entry.get("consumedCapacity")
+    requested: int | None = None
+    if consumed is not None:
+        memory = _mapping(consumed, f"{where}.consumedCapacity").get("memory")
+        if memory is not None:
+            try:
+                requested = ceil_quantity(str(memory))
+            except ValueError as error:
+                raise ClaimRefused(f"{what}: {where}.consumedCapacity.memory: {error}") from None
+    config = None
+    for rule in sharing:
+        if (
+            rule.requests is None
+            or result.request in rule.requests
+            or (result.request.split("/", maxsplit=1)[0] in rule.requests)
+        ):
+            config = rule.config
+    share = share_of(identifier, config, memory=share_memory(requested, config))
+    return DeviceResult(
+        request=result.request,
+        pool=result.pool,
+        device=result.device,
+        admin_access=result.admin_access,
+        share=share,
+    )
+
+
+def _configs(
+    devices: dict[str, Any], driver: str, what: str
+) -> tuple[tuple[TopologyRule, ...], list[SharingRule]]:
+    """Tangram's opaque configs of the allocation, in the order DRA applies them."""
     rules: list[TopologyRule] = []
+    sharing: list[SharingRule] = []
     for index, raw in enumerate(_list(devices.get("config"), "status.allocation.devices.config")):
         where = f"status.allocation.devices.config[{index}]"
         entry = _mapping(raw, where)
@@ -121,18 +200,23 @@ def _topology(devices: dict[str, Any], driver: str, what: str) -> tuple[Topology
         if not isinstance(parameters, dict):
             raise ClaimRefused(f"{what}: {where}.opaque.parameters: expected an object")
         kind = parameters.get("kind")
-        if kind != TOPOLOGY_KIND:
+        if kind not in PARAMETER_KINDS:
             raise ClaimRefused(
                 f"{what}: {where}.opaque.parameters.kind: {kind!r} is not a {driver} parameter kind "
-                f"(expected {TOPOLOGY_KIND})"
+                f"(expected {' or '.join(PARAMETER_KINDS)})"
             )
+        names = frozenset(str(n) for n in _list(entry.get("requests"), f"{where}.requests")) or None
         try:
-            config = parse_topology_config(parameters, f"{where}.opaque.parameters")
+            if kind == SHARING_KIND:
+                sharing.append(
+                    SharingRule(names, parse_sharing_config(parameters, f"{where}.opaque.parameters"))
+                )
+            else:
+                config = parse_topology_config(parameters, f"{where}.opaque.parameters")
+                rules.append(TopologyRule(requests=names, config=config, where=where))
         except ValueError as error:
-            raise ClaimRefused(f"{what}: invalid {TOPOLOGY_KIND}: {error}") from None
-        names = [str(n) for n in _list(entry.get("requests"), f"{where}.requests")]
-        rules.append(TopologyRule(requests=frozenset(names) or None, config=config, where=where))
-    return tuple(rules)
+            raise ClaimRefused(f"{what}: invalid {kind}: {error}") from None
+    return tuple(rules), sharing
 
 
 def _covered(rule: TopologyRule, request: str) -> bool:

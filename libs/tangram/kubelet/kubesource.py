@@ -72,6 +72,9 @@ class KubeAllocationSource:
         self._send = send
         self._producer = producer
         self._key = subject_token(node)
+        # share host -> claims this node prepares on it: the first makes (and the last destroys)
+        # a MIG share host's instance, the others use it as the inventory shows it
+        self._sharers: dict[str, set[str]] = {}
 
     async def resolve(self, claim: ClaimRef, *, timeout_s: float) -> ResolvedAllocation:
         try:
@@ -112,7 +115,14 @@ class KubeAllocationSource:
         commands: list[PartitionRequested] = []
         for result in allocation.results:
             device = by_name[result.device]
-            command = None if result.admin_access else self._command_for(claim, device)
+            joins = (
+                device.shared
+                and device.placement is not None
+                and self._shared_with_others(device.name, claim.uid)
+            )
+            if device.shared:
+                self._sharers.setdefault(device.name, set()).add(claim.uid)
+            command = None if result.admin_access or joins else self._command_for(claim, device)
             if command is not None:
                 commands.append(command)
             devices.append(
@@ -128,9 +138,15 @@ class KubeAllocationSource:
                     placement=device.placement,
                     admin_access=result.admin_access,
                     partition_command=command.command_id if command is not None else "",
+                    share=result.share,
                 )
             )
         return devices, commands
+
+    def _shared_with_others(self, device: str, claim_uid: str) -> bool:
+        return bool(self._sharers.get(device, set()) - {claim_uid}) or self._view.held_by_others(
+            device, claim_uid
+        )
 
     def _command_for(self, claim: ClaimRef, device: Device) -> PartitionRequested | None:
         """The create of a MIG placement (reusing a free instance already there is the partitioner's
@@ -210,7 +226,15 @@ class KubeAllocationSource:
         advertised = node_devices(hardware, driver=self.driver, shared=True).devices if hardware else []
         by_name = {d.name: d for d in advertised}
         for device in allocation.devices:
+            sharers = self._sharers.get(device.device)
+            if sharers is not None:
+                sharers.discard(uid)
+                if not sharers:
+                    del self._sharers[device.device]
             if not device.is_mig:
+                continue
+            if device.share is not None and self._shared_with_others(device.device, uid):
+                # the instance stays for the other shares of its host; the last one destroys it
                 continue
             known = by_name.get(device.device)
             if known is None or known.placement is None or known.profile_id is None:

@@ -32,7 +32,8 @@ class PartitionLedger:
         self._created: dict[InstanceKey, PartitionApplied] = {}  # by Tangram, not destroyed since
         self._warm: dict[InstanceKey, PartitionApplied] = {}
         self._claims: dict[str, ClaimAllocated] = {}  # live allocations on this node
-        self._owners: dict[InstanceKey, str] = {}  # instance -> live claim uid
+        # instance -> live claims holding it, in the order they came: one, or the shares of a share host
+        self._owners: dict[InstanceKey, list[str]] = {}
         self._whole_gpus: dict[str, set[str]] = {}  # GPU uuid -> live claims holding it whole
         self._ended: set[str] = set()  # claims released or failed
         # Claims prepared on this node that the allocator did not decide (kube-scheduler did): live
@@ -70,7 +71,7 @@ class PartitionLedger:
                         # to be created belongs to it only through its own create result: until
                         # then the instance at those slices is a previous claim's, on its way out.
                         key = InstanceKey.of(device.gpu_uuid, device.placement)
-                        self._owners[key] = event.uid
+                        self._own(key, event.uid)
                         self._warm.pop(key, None)
             case ClaimReleased(uid=uid) | ClaimFailed(uid=uid):
                 self._ended.add(uid)
@@ -85,7 +86,12 @@ class PartitionLedger:
     def _drop_claim(self, uid: str) -> None:
         if self._claims.pop(uid, None) is None:
             return
-        self._owners = {k: v for k, v in self._owners.items() if v != uid}
+        for key in [k for k, owners in self._owners.items() if uid in owners]:
+            left = [h for h in self._owners[key] if h != uid]
+            if left:
+                self._owners[key] = left
+            else:
+                del self._owners[key]
         for holders in self._whole_gpus.values():
             holders.discard(uid)
 
@@ -95,7 +101,12 @@ class PartitionLedger:
 
     def adopt(self, key: InstanceKey, claim_uid: str) -> None:
         """An instance found on the GPU that a live claim's allocation names."""
-        self._owners[key] = claim_uid
+        self._own(key, claim_uid)
+
+    def _own(self, key: InstanceKey, claim_uid: str) -> None:
+        holders = self._owners.setdefault(key, [])
+        if claim_uid not in holders:
+            holders.append(claim_uid)
 
     # ---- questions --------------------------------------------------------------------------------------
 
@@ -128,9 +139,9 @@ class PartitionLedger:
 
     def owner(self, key: InstanceKey) -> str | None:
         """The live claim whose allocation or creation holds this instance."""
-        owner = self._owners.get(key)
-        if owner is not None:
-            return owner
+        holders = self._owners.get(key)
+        if holders:
+            return holders[0]
         created = self._created.get(key)
         if created is not None and created.claim_uid and self.is_live(created.claim_uid):
             return created.claim_uid
