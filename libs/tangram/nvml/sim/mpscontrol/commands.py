@@ -13,10 +13,10 @@ import re
 from dataclasses import dataclass, field
 
 MAX_ECHO = 64  # how much of a refused word a reply repeats
-_NUMBER = re.compile(r"^[0-9]{1,3}(\.[0-9]{1,6})?$")
-_MEMORY = re.compile(r"^([0-9]{1,9})([MG])$")
+_NUMBER = re.compile(r"[0-9]{1,3}(\.[0-9]{1,6})?")
+_MEMORY = re.compile(r"([0-9]{1,9})([MG])")
 _DEVICE = re.compile(
-    r"^([0-9]{1,3}|(GPU|MIG)-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})$"
+    r"[0-9]{1,3}|(GPU|MIG)-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 )
 
 
@@ -52,7 +52,7 @@ def _arity(name: str, args: list[str], count: int) -> Reply | None:
 
 
 def _device(name: str, word: str) -> str | Reply:
-    if _DEVICE.match(word):
+    if _DEVICE.fullmatch(word):
         return word
     return _refuse(f"{name}: invalid device {_shown(word)!r} (a device ordinal or a GPU-/MIG- UUID)")
 
@@ -77,7 +77,7 @@ def execute(settings: DaemonSettings, line: str) -> Reply:
         refused = _arity(name, args, 1)
         if refused:
             return refused
-        value = float(args[0]) if _NUMBER.match(args[0]) else None
+        value = float(args[0]) if _NUMBER.fullmatch(args[0]) else None
         if value is None or not 1 <= value <= 100:
             return _refuse(f"{name}: invalid percentage {_shown(args[0])!r} (a number from 1 to 100)")
         settings.active_thread_percentage = value
@@ -93,7 +93,7 @@ def execute(settings: DaemonSettings, line: str) -> Reply:
         device = refused or _device(name, args[0])
         if isinstance(device, Reply):
             return device
-        match = _MEMORY.match(args[1])
+        match = _MEMORY.fullmatch(args[1])
         if match is None or int(match.group(1)) == 0:
             return _refuse(
                 f"{name}: invalid limit {_shown(args[1])!r} (a positive integer followed by G or M)"
