@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
@@ -31,6 +32,7 @@ from tangram.sharing import (
     SharingState,
     StateStore,
 )
+from tangram.sharing.computemode import UnknownGpu
 from tangram.sharing.daemons import PID_FILE, process_alive
 
 DEFAULT = pynvml.NVML_COMPUTEMODE_DEFAULT
@@ -307,3 +309,26 @@ def test_a_root_too_long_for_a_socket_is_refused(node: Node) -> None:
         SharingManager(
             node.nvml, root=Path("/tmp/" + "x" * 80), control_command=SIMULATED_CONTROL_COMMAND, boot_id="b"
         )
+
+
+async def test_a_gpu_not_on_this_node_is_refused_before_anything_changes(
+    node: Node, manager: SharingManager
+) -> None:
+    with pytest.raises(UnknownGpu, match="no GPU GPU-0d4f5c1a-7b2e-4c3d-8e9f-a1b2c3d4e5f6 on this node"):
+        await manager.acquire(A, "GPU-0d4f5c1a-7b2e-4c3d-8e9f-a1b2c3d4e5f6", MPS)
+    assert manager.state.devices == {}
+    assert not (node.root / "GPU-0d4f5c1a-7b2e-4c3d-8e9f-a1b2c3d4e5f6").exists()
+
+
+async def test_concurrent_calls_are_taken_one_at_a_time(node: Node, manager: SharingManager) -> None:
+    gpus = [node.gpu(index) for index in (3, 4, 5)]
+    grants = await asyncio.gather(
+        manager.acquire(A, gpus[0], MPS), manager.acquire(B, gpus[1], MPS), manager.acquire(A, gpus[2], TS)
+    )
+    assert [grant.strategy for grant in grants] == ["MPS", "MPS", "TimeSlicing"]
+    recorded = StateStore(node.root / "sharing-state.json").load()
+    assert recorded is not None and set(recorded.devices) == set(gpus)
+    assert all(process_alive(node.pid(gpu)) for gpu in gpus[:2])
+    released = await asyncio.gather(manager.release(A), manager.release(B))
+    assert sorted(uuid for batch in released for uuid in batch) == sorted(gpus)
+    assert node.daemon_pids() == [] and [node.mode(i) for i in (3, 4, 5)] == [DEFAULT] * 3
