@@ -223,3 +223,24 @@ def test_foreground_daemon_logs_to_stdout_and_exits_on_quit(pipe: Pipe) -> None:
             daemon.wait()
     assert daemon.returncode == 0
     assert "Starting control daemon using socket" in out and out.rstrip().endswith("Exit")
+
+
+def test_a_daemon_that_cannot_start_says_why_before_detaching(pipe: Pipe) -> None:
+    pipe.log.parent.mkdir(parents=True, exist_ok=True)
+    pipe.log.write_text("a file where the log directory should be")
+    result = pipe.run("-d")
+    assert result.returncode == 1 and f"Cannot use {pipe.log}" in result.stderr
+    assert pipe.ask("get_server_list").stdout == f"{NO_DAEMON}\n"
+
+
+def test_a_socket_path_too_long_is_refused_by_the_daemon_and_unreachable_for_the_client(pipe: Pipe) -> None:
+    deep = pipe.pipe / ("x" * 100)
+    env = {**pipe.env, "CUDA_MPS_PIPE_DIRECTORY": str(deep)}
+    result = subprocess.run(
+        [*CONTROL, "-d"], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+    assert result.returncode == 1 and f"Cannot listen on {deep}/control" in result.stderr
+    ask = subprocess.run(
+        CONTROL, input="get_server_list\n", capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+    assert (ask.returncode, ask.stdout) == (1, f"{NO_DAEMON}\n")

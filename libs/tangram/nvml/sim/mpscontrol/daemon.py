@@ -130,12 +130,21 @@ def _serve(listener: socket.socket, log: ControlLog, cleanup: list[Path]) -> Non
             log.write("UI closed")
 
 
+def _refuse(message: str) -> int:
+    print(message, file=sys.stderr, flush=True)
+    return 1
+
+
 def start(pipe_dir: Path, log_dir: Path, *, foreground: bool) -> int:
-    """`-d` (background) or `-f` (foreground); the exit status of this process."""
-    pipe_dir.mkdir(parents=True, exist_ok=True)
-    log_dir.mkdir(parents=True, exist_ok=True)
+    """`-d` (background) or `-f` (foreground); the exit status of this process. Whatever can fail
+    is tried before the daemon detaches, so that `-d` reports it."""
     pid_path, socket_path = pipe_dir / PID_FILE, pipe_dir / CONTROL_SOCKET
-    lock = os.open(pid_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        pipe_dir.mkdir(parents=True, exist_ok=True)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        lock = os.open(pid_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        return _refuse(f"Cannot use {exc.filename or pipe_dir}: {exc.strerror or exc}")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -143,17 +152,21 @@ def start(pipe_dir: Path, log_dir: Path, *, foreground: bool) -> int:
         print(ALREADY_RUNNING, flush=True)
         return 1
     try:
-        listener = _listen(socket_path)
+        log = ControlLog(log_dir / LOG_FILE, sys.stdout if foreground else None)
     except OSError as exc:
         os.close(lock)
-        print(f"Cannot listen on {socket_path}: {exc.strerror or exc}", file=sys.stderr, flush=True)
-        return 1
+        return _refuse(f"Cannot open {log_dir / LOG_FILE}: {exc.strerror or exc}")
+    try:
+        listener = _listen(socket_path)
+    except OSError as exc:
+        log.close()
+        os.close(lock)
+        return _refuse(f"Cannot listen on {socket_path}: {exc.strerror or exc}")
     if foreground:
         _write_pid(lock, os.getpid())
     elif not _detach(lock):
         return 0
     signal.signal(signal.SIGTERM, _stop)
-    log = ControlLog(log_dir / LOG_FILE, sys.stdout if foreground else None)
     try:
         log.write(f"Starting control daemon using socket {socket_path}")
         log.write(f"To connect CUDA applications to this daemon, set env CUDA_MPS_PIPE_DIRECTORY={pipe_dir}")
