@@ -332,3 +332,16 @@ async def test_concurrent_calls_are_taken_one_at_a_time(node: Node, manager: Sha
     released = await asyncio.gather(manager.release(A), manager.release(B))
     assert sorted(uuid for batch in released for uuid in batch) == sorted(gpus)
     assert node.daemon_pids() == [] and [node.mode(i) for i in (3, 4, 5)] == [DEFAULT] * 3
+
+
+async def test_recovery_goes_on_past_a_device_it_cannot_recover(node: Node, manager: SharingManager) -> None:
+    gpu = node.gpu(4)
+    await manager.acquire(A, gpu, MPS)
+    node.nvml.sim_set_lost(3)  # GPU 3 fell off the bus
+    gone = node.gpu(3)
+    report = await node.manager().recover(
+        [Holding(claim_uid=A, device_uuid=gpu, share=MPS), Holding(claim_uid=B, device_uuid=gone, share=MPS)]
+    )
+    assert report.adopted == [gpu]
+    assert list(report.failed) == [gone] and report.failed[gone] == "GPU is lost"
+    assert not (node.root / gone).exists()

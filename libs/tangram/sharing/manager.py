@@ -197,9 +197,16 @@ class SharingManager:
                         devices[uuid] = record  # kept, so the next recover tries again
             for uuid in plan.ensure:
                 if is_whole_gpu(uuid) and devices[uuid].restore_compute_mode is None:
-                    devices[uuid] = await self._restore_mode_unrecorded(uuid, devices[uuid], uuid in found)
+                    try:
+                        devices[uuid] = await self._restore_mode_unrecorded(
+                            uuid, devices[uuid], uuid in found
+                        )
+                    except Exception as error:
+                        report.failed[uuid] = str(error)
             await self._save(SharingState(boot_id=self._boot_id, devices=devices))
             for uuid in plan.ensure:
+                if uuid in report.failed:
+                    continue
                 try:
                     if is_whole_gpu(uuid):
                         await asyncio.to_thread(self._modes.set, uuid, EXCLUSIVE_PROCESS)
