@@ -13,6 +13,7 @@ from tangram.cdi.checkpoint import (
 )
 from tangram.cdi.devices import ClaimRef, ResolvedAllocation, ResolvedDevice
 from tangram.cdi.names import InvalidName, validate_claim_uid, validate_device_name
+from tangram.cdi.shares import share_edits
 from tangram.cdi.spec import CdiKind, build_spec, cdi_device_id, cdi_device_name, spec_file_name
 from tangram.cdi.validation import InvalidCdiSpec, spec_problems, validate_spec, validate_spec_bytes
 from tangram.cdi.versions import KNOWN_VERSIONS, minimum_version
@@ -40,6 +41,7 @@ __all__ = [
     "encode_checkpoint",
     "minimum_version",
     "read_boot_id",
+    "share_edits",
     "spec_file_name",
     "spec_problems",
     "validate_claim_uid",

@@ -97,6 +97,13 @@ class RealNvml:
         result: list[Any] = pynvml.nvmlDeviceGetComputeRunningProcesses(device)
         return result
 
+    def nvmlDeviceGetComputeMode(self, device: Device) -> int:
+        result: int = pynvml.nvmlDeviceGetComputeMode(device)
+        return result
+
+    def nvmlDeviceSetComputeMode(self, device: Device, mode: int) -> None:
+        pynvml.nvmlDeviceSetComputeMode(device, mode)
+
     def nvmlDeviceGetMigMode(self, device: Device) -> list[int]:
         result: list[int] = pynvml.nvmlDeviceGetMigMode(device)
         return result

@@ -14,7 +14,7 @@ import pynvml
 
 from tangram.hardware.catalogue import CI_INDEX_BY_SLICES, GpuProduct
 from tangram.hardware.machines import MachineSpec, load_machine
-from tangram.nvml.sim import handles, mig, wiring
+from tangram.nvml.sim import computemode, handles, mig, wiring
 from tangram.nvml.sim.hooks import SimHooks
 from tangram.nvml.sim.state import (
     SimComputeInstance,
@@ -268,6 +268,24 @@ class SimNvml(SimHooks):
                 info.computeInstanceId = _NO_ID if p.compute_instance_id is None else p.compute_instance_id
                 result.append(pynvml.nvmlStructToFriendlyObject(info))
             return result
+
+    # ---- compute mode -------------------------------------------------------------------------------
+
+    def nvmlDeviceGetComputeMode(self, device: Any) -> int:
+        d = self._gpu_index(device, mig_ok=True)
+        with self._op("nvmlDeviceGetComputeMode") as state:
+            gpu = self._alive(state, d.gpu)
+            if d.kind == handles.MIG_DEVICE:
+                self._mig_device(state, d)
+            return gpu.compute_mode
+
+    def nvmlDeviceSetComputeMode(self, device: Any, mode: int) -> None:
+        d = self._gpu_index(device, mig_ok=True)
+        with self._op("nvmlDeviceSetComputeMode", write=True) as state:
+            gpu = self._alive(state, d.gpu)
+            if d.kind == handles.MIG_DEVICE:
+                self._mig_device(state, d)
+            computemode.set_compute_mode(gpu, mode, mig_device=d.kind == handles.MIG_DEVICE)
 
     # ---- MIG ----------------------------------------------------------------------------------------
 

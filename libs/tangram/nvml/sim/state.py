@@ -49,6 +49,7 @@ class SimProcess(msgspec.Struct, kw_only=True):
 class SimGpu(msgspec.Struct, kw_only=True):
     mig_current: int = 0
     mig_pending: int = 0
+    compute_mode: int = 0  # NVML_COMPUTEMODE_DEFAULT, what a GPU boots with on Linux
     gpu_instances: list[SimGpuInstance] = []
     processes: list[SimProcess] = []
     lost: bool = False
