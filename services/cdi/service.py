@@ -29,7 +29,9 @@ from tangram.kubelet import (
 )
 from tangram.kubelet.kubesource import ApiClaimReader, KubeAllocationSource
 from tangram.kubernetes.api import connect
+from tangram.nvml import open_backend
 from tangram.service import ServiceContext, first, follow_all, settle
+from tangram.sharing import REAL_CONTROL_COMMAND, SIMULATED_CONTROL_COMMAND, SharingManager
 
 log = logging.getLogger("tangram.cdi")
 
@@ -81,6 +83,17 @@ async def claim_source(
         await api.close()
 
 
+def sharing_manager(settings: CdiSettings) -> SharingManager | None:
+    """The node's MPS daemons and compute modes, where the service has NVML to set them with."""
+    if not settings.sharing:
+        return None
+    nvml = open_backend(sim=settings.sim_machine, state_file=settings.state_file, real=settings.real)
+    control = settings.mps_control or (
+        SIMULATED_CONTROL_COMMAND if settings.sim_machine is not None else REAL_CONTROL_COMMAND
+    )
+    return SharingManager(nvml, root=settings.mps_root, control_command=control)
+
+
 async def run(ctx: ServiceContext, settings: CdiSettings) -> None:
     view = InMemoryAllocationSource(settings.node_name)
     health = HealthBoard(settings.node_name, driver=settings.driver_name)
@@ -117,6 +130,7 @@ async def run(ctx: ServiceContext, settings: CdiSettings) -> None:
                 producer=f"cdi@{settings.node_name}",
                 driver=driver,
                 health=health,
+                sharing=await asyncio.to_thread(sharing_manager, settings),
             )
             async with plugin:
                 ctx.readiness.append(plugin.registration_problem)

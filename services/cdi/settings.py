@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from tangram import DRIVER_NAME
 from tangram.kubelet import KUBELET_CALL_TIMEOUT_S
@@ -23,6 +23,27 @@ class CdiSettings(NodeSettings):
     resolve_timeout_s: float = Field(default=30.0, gt=0, lt=KUBELET_CALL_TIMEOUT_S)
     kubernetes: bool = False  # resolve claims from the API server instead of the allocator's events
     kubeconfig: Path | None = None  # default: in-cluster service account, then $KUBECONFIG
+    # Device sharing (MPS control daemons, compute mode) needs NVML: a simulated machine or the
+    # real driver. Without either, a claim holding a share is refused at prepare.
+    sim_machine: str | None = None
+    state_file: Path | None = None
+    real: bool = False
+    mps_root: Path = Path("/run/tangram/mps")  # <device UUID>/pipe and /log of each daemon
+    mps_control: tuple[str, ...] = ()  # the MPS control program; default: NVIDIA's, or the stand-in
+
+    @model_validator(mode="after")
+    def _one_backend(self) -> CdiSettings:
+        if self.sim_machine is not None and self.real:
+            raise ValueError("choose one NVML backend for device sharing: --sim MACHINE or --real")
+        if self.state_file is not None and self.sim_machine is None:
+            raise ValueError("--state-file belongs to a simulated machine (--sim)")
+        if not self.mps_root.is_absolute():
+            raise ValueError(f"--mps-root {self.mps_root} must be an absolute path")
+        return self
+
+    @property
+    def sharing(self) -> bool:
+        return self.sim_machine is not None or self.real
 
 
 def parse_settings(argv: list[str] | None = None) -> CdiSettings:
@@ -49,7 +70,30 @@ def parse_settings(argv: list[str] | None = None) -> CdiSettings:
         help="read claims from the Kubernetes API, their source of truth (env TANGRAM_KUBERNETES=1)",
     )
     parser.add_argument("--kubeconfig", default=env("TANGRAM_KUBECONFIG"), help="kubeconfig file")
+    backend = parser.add_mutually_exclusive_group()
+    backend.add_argument(
+        "--sim", default=env("TANGRAM_SIM"), metavar="MACHINE", help="simulated machine (device sharing)"
+    )
+    backend.add_argument(
+        "--real",
+        action="store_true",
+        default=env_flag("TANGRAM_REAL_NVML"),
+        help="real NVML (sharing)",
+    )
+    parser.add_argument("--state-file", default=env("TANGRAM_SIM_STATE_FILE"), help="simulator state file")
+    parser.add_argument(
+        "--mps-root",
+        default=env("TANGRAM_MPS_ROOT", "/run/tangram/mps"),
+        help="pipe and log directories of the MPS control daemons, one per shared device",
+    )
+    parser.add_argument(
+        "--mps-control",
+        default=env("TANGRAM_MPS_CONTROL", ""),
+        help="the MPS control program (default nvidia-cuda-mps-control; the simulator's stand-in with --sim)",
+    )
     args = parser.parse_args(argv)
+    if args.sim is not None and args.real:
+        parser.error("choose one of --sim and --real")
     return CdiSettings(
         **service_fields(args),  # type: ignore[arg-type]
         driver_name=args.driver_name,
@@ -61,4 +105,9 @@ def parse_settings(argv: list[str] | None = None) -> CdiSettings:
         resolve_timeout_s=args.resolve,
         kubernetes=args.kubernetes,
         kubeconfig=args.kubeconfig,
+        sim_machine=args.sim,
+        real=args.real and args.sim is None,
+        state_file=args.state_file,
+        mps_root=args.mps_root,
+        mps_control=tuple(args.mps_control.split()),
     )

@@ -156,6 +156,7 @@ def schema_validator() -> jsonschema.Draft7Validator:
 class PreparedAnswer:
     error: str
     devices: list[tuple[list[str], str, str, list[str]]] = field(default_factory=list)
+    share_ids: list[str] = field(default_factory=list)  # per device; "" when not a share (or v1beta1)
 
 
 class TestKubelet:
@@ -214,6 +215,7 @@ class TestKubelet:
                     (list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids))
                     for d in answer.devices
                 ],
+                share_ids=[getattr(d, "share_id", "") for d in answer.devices],
             )
             for uid, answer in response.claims.items()
         }

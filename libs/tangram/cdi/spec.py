@@ -10,6 +10,7 @@ import msgspec
 from tangram.cdi.devices import ResolvedAllocation, ResolvedDevice
 from tangram.cdi.driver import DriverFiles
 from tangram.cdi.names import validate_cdi_kind, validate_claim_uid, validate_device_name
+from tangram.cdi.shares import share_edits
 from tangram.cdi.versions import minimum_version
 
 HOST_ROOT = PurePosixPath("/")
@@ -70,6 +71,21 @@ def _device_paths(device: ResolvedDevice) -> list[str]:
     return paths
 
 
+def share_pipe_dir(share_root: PurePosixPath, device_uuid: str) -> PurePosixPath:
+    """Where the MPS control daemon of a shared device listens (the node's sharing manager's layout)."""
+    return share_root / device_uuid / "pipe"
+
+
+def _share_edits(device: ResolvedDevice, share_root: PurePosixPath | None) -> dict[str, Any]:
+    if device.share is None:
+        return {}
+    if device.share.strategy != "MPS":
+        return share_edits(device, "")
+    if share_root is None:
+        raise ValueError(f"device {device.device} is an MPS share, but this node has no MPS directory")
+    return share_edits(device, str(share_pipe_dir(share_root, device.visible_uuid)))
+
+
 def _hook(hook_path: PurePosixPath, *args: str) -> dict[str, Any]:
     return {"hookName": "createContainer", "path": str(hook_path), "args": [hook_path.name, *args]}
 
@@ -116,8 +132,12 @@ def build_spec(
     driver_root: PurePosixPath = HOST_ROOT,
     driver: DriverFiles | None = None,
     hook_path: PurePosixPath = DEFAULT_HOOK_PATH,
+    share_root: PurePosixPath | None = None,
 ) -> dict[str, Any]:
     """The CDI spec of one claim: one CDI device per allocated device, common edits at spec level.
+
+    A share of a device also gets its share's edits (share_edits): under MPS the pipe directory of
+    the device's control daemon, `<share_root>/<device UUID>/pipe`, and the share's limits.
 
     The claim's device list is set at spec level because CDI applies an env edit per injected
     device and the last one would win; a list per device cannot express a set. With `driver` the
@@ -135,7 +155,8 @@ def build_spec(
         {
             "name": cdi_device_name(uid, device.device),
             "containerEdits": {
-                "deviceNodes": [_device_node(path, driver_root) for path in _device_paths(device)]
+                "deviceNodes": [_device_node(path, driver_root) for path in _device_paths(device)],
+                **_share_edits(device, share_root),
             },
         }
         for device in allocation.devices

@@ -38,8 +38,10 @@ class CdiSpecWriter:
         driver_root: PurePosixPath = HOST_ROOT,
         driver: DriverFiles | None = None,
         hook_path: PurePosixPath = DEFAULT_HOOK_PATH,
+        share_root: PurePosixPath | None = None,
     ) -> None:
         self.cdi_dir = cdi_dir
+        self.share_root = share_root
         self.kind = kind
         self.driver_root = driver_root
         self.driver = driver
@@ -63,6 +65,7 @@ class CdiSpecWriter:
             driver_root=self.driver_root,
             driver=self.driver,
             hook_path=self.hook_path,
+            share_root=self.share_root,
         )
         validate_spec(spec)
         return spec

@@ -197,6 +197,7 @@ class PreparedDevice(msgspec.Struct, frozen=True, kw_only=True):
     pool: str
     device: str
     cdi_device_ids: list[str]
+    share_id: str = ""  # the DRA shareID of a share of the device
 
 
 class ClaimPrepared(Event, tag="claim.prepared", frozen=True, kw_only=True):

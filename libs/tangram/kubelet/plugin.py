@@ -13,6 +13,7 @@ from tangram.kubelet.config import PluginConfig
 from tangram.kubelet.health import HealthBoard
 from tangram.kubelet.preparer import ClaimPreparer, EventSink
 from tangram.kubelet.server import KubeletPlugin
+from tangram.sharing import SharingManager
 
 
 async def build_plugin(
@@ -23,10 +24,12 @@ async def build_plugin(
     producer: str = "cdi",
     driver: DriverFiles | None = None,
     health: HealthBoard | None = None,
+    sharing: SharingManager | None = None,
 ) -> KubeletPlugin:
     """A plugin whose prepared state is recovered and ready; call `start()` (or `async with`) to serve.
 
-    With `driver`, specs also carry the driver's libraries, utilities and ldcache hooks.
+    With `driver`, specs also carry the driver's libraries, utilities and ldcache hooks; with
+    `sharing`, claims holding shares of devices are prepared (MPS daemons, CDI edits per share).
     """
     writer = CdiSpecWriter(
         config.cdi_dir,
@@ -34,6 +37,7 @@ async def build_plugin(
         driver_root=PurePosixPath(config.driver_root),
         driver=driver,
         hook_path=PurePosixPath(config.cdi_hook_path),
+        share_root=PurePosixPath(sharing.root) if sharing is not None else None,
     )
     checkpoint = CheckpointStore(config.checkpoint_file, boot_id=read_boot_id(config.boot_id_path))
     preparer = ClaimPreparer(
@@ -44,6 +48,7 @@ async def build_plugin(
         resolve_timeout_s=config.resolve_timeout_s,
         on_event=on_event,
         producer=producer,
+        sharing=sharing,
     )
     await preparer.recover()
     return KubeletPlugin(config, preparer, health)

@@ -18,6 +18,14 @@ from tangram.cdi.validation import InvalidCdiSpec
 from tangram.cdi.writer import CdiSpecWriter
 from tangram.events import ClaimPrepared, ClaimUnprepared, PreparedDevice, subject_token
 from tangram.kubelet.allocations import AllocationSource, AllocationUnavailable
+from tangram.sharing import (
+    Holding,
+    InvalidDeviceUuid,
+    MpsControlError,
+    SharingConflict,
+    SharingError,
+    SharingManager,
+)
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +68,10 @@ class ClaimPreparer:
         resolve_timeout_s: float,
         on_event: EventSink | None = None,
         producer: str = "cdi",
+        sharing: SharingManager | None = None,
     ) -> None:
         self.node = node
+        self._sharing = sharing
         self._source = source
         self._writer = writer
         self._checkpoint = checkpoint
@@ -79,8 +89,11 @@ class ClaimPreparer:
     # --- start-up -------------------------------------------------------------------------------
 
     async def recover(self) -> RecoveryReport:
-        """Make the checkpoint and the CDI directory agree before serving kubelet."""
+        """Make the checkpoint and the CDI directory agree before serving kubelet, then the shared
+        devices' daemons agree with the prepared shares."""
         report = await asyncio.to_thread(self._recover_blocking)
+        if self._sharing is not None:
+            await self._sharing.recover(self._holdings())
         log.info(
             "checkpoint %s: kept %d prepared claims, rewrote %d specs, removed %d specs",
             report.checkpoint,
@@ -107,6 +120,15 @@ class ClaimPreparer:
             self._checkpoint.write_now(self._claims)
             return RecoveryReport(checkpoint="rebooted", removed=removed)
         return self._reconcile(body.claims)
+
+    def _holdings(self) -> list[Holding]:
+        return [
+            Holding(claim_uid=uid, device_uuid=device.visible_uuid, share=device.share)
+            for uid, claim in self._claims.items()
+            if claim.state == "prepared"
+            for device in claim.allocation.devices
+            if device.share is not None
+        ]
 
     def _rebuild_from_specs(self, status: str) -> RecoveryReport:
         claims: dict[str, CheckpointedClaim] = {}
@@ -203,6 +225,7 @@ class ClaimPreparer:
         if allocation.claim.uid != claim.uid:
             raise AllocationUnavailable(f"allocation source answered for claim {allocation.claim.uid}")
         self._writer.render(allocation)  # refuse a bad spec before anything is recorded
+        await self._share(allocation)
         self._claims[claim.uid] = CheckpointedClaim(state="preparing", allocation=allocation)
         await self._checkpoint.save(self._claims)
         try:
@@ -210,10 +233,30 @@ class ClaimPreparer:
         except BaseException:
             self._claims.pop(claim.uid, None)
             await asyncio.shield(self._checkpoint.save(self._claims))
+            if self._sharing is not None:
+                await asyncio.shield(self._sharing.release(claim.uid))
             raise
         self._claims[claim.uid] = CheckpointedClaim(state="prepared", allocation=allocation)
         await self._checkpoint.save(self._claims)
         return allocation, True
+
+    async def _share(self, allocation: ResolvedAllocation) -> None:
+        """Start (or join) the control daemon of each shared device before its spec is written."""
+        shares = [d for d in allocation.devices if d.share is not None]
+        if not shares:
+            return
+        if self._sharing is None:
+            raise AllocationUnavailable(
+                f"claim {allocation.claim.uid} holds a share of {shares[0].device}, but device sharing "
+                "is not configured on this node"
+            )
+        try:
+            for device in shares:
+                assert device.share is not None
+                await self._sharing.acquire(allocation.claim.uid, device.visible_uuid, device.share)
+        except (SharingError, SharingConflict, MpsControlError, InvalidDeviceUuid, LookupError) as error:
+            await self._sharing.release(allocation.claim.uid)
+            raise AllocationUnavailable(f"the share of {device.device} cannot be prepared: {error}") from None
 
     def _prepared_devices(self, allocation: ResolvedAllocation) -> list[PreparedDevice]:
         kind = self._writer.kind
@@ -223,6 +266,7 @@ class ClaimPreparer:
                 pool=device.pool,
                 device=device.device,
                 cdi_device_ids=[cdi_device_id(kind, allocation.claim.uid, device.device)],
+                share_id=device.share.id if device.share is not None else "",
             )
             for device in allocation.devices
         ]
@@ -259,6 +303,9 @@ class ClaimPreparer:
         if known is None:
             return False
         await self._source.release(known.allocation)
+        if self._sharing is not None:
+            # the device's daemon stops after its last share; its compute mode is restored
+            await self._sharing.release(claim.uid)
         del self._claims[claim.uid]
         await self._checkpoint.save(self._claims)
         return True

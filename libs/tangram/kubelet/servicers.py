@@ -35,6 +35,7 @@ class DraServicer:
     def __init__(self, preparer: ClaimPreparer, messages: ModuleType) -> None:
         self._preparer = preparer
         self._messages = messages
+        self._shares = "share_id" in messages.Device.DESCRIPTOR.fields_by_name
 
     @staticmethod
     def _claims(request: Any) -> list[ClaimRef]:
@@ -51,12 +52,15 @@ class DraServicer:
                 answer.error = outcome.error
                 continue
             for device in outcome.devices:
-                answer.devices.add(
+                added = answer.devices.add(
                     request_names=[device.request],
                     pool_name=device.pool,
                     device_name=device.device,
                     cdi_device_ids=device.cdi_device_ids,
                 )
+                if device.share_id and self._shares:
+                    # v1 only: kubelet tells the shares of one device apart by it
+                    added.share_id = device.share_id
         return response
 
     async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:

@@ -18,6 +18,7 @@ from tangram.hardware.machines import load_machine
 from tangram.local.natsserver import NatsCluster, NatsServer
 from tangram.natsauth.credentials import write_secret
 from tangram.natsauth.permissions import ADMIN_USER, ALLOCATOR_USER, build_users, node_user, render_users
+from tangram.nvml.sim.mpscontrol import PID_FILE as MPS_PID_FILE
 
 # What the streams Job of the Kubernetes manifests runs, as the NATS admin user: with permissions,
 # the services may check the streams but only the admin may create them.
@@ -84,6 +85,9 @@ class LocalCluster:
 
     def cdi_dir(self, node: str) -> Path:
         return self.workdir / node / "cdi"
+
+    def mps_root(self, node: str) -> Path:
+        return self.workdir / node / "mps"
 
     def state_file(self, node: str) -> Path:
         return self.workdir / node / "gpus.json"
@@ -179,6 +183,9 @@ class LocalCluster:
                     str(self.cdi_dir(node.name)),
                     "--driver-root",
                     str(driver_root),
+                    *sim,
+                    "--mps-root",
+                    str(self.mps_root(node.name)),
                     *kube,
                 ],
                 env,
@@ -264,8 +271,17 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 service.process.kill()
                 codes[service.name] = service.process.wait()
+        self._stop_mps_daemons()
         if self.nats is not None:
             self.nats.stop()
         if self.nats_cluster is not None:
             self.nats_cluster.stop()
         return codes
+
+    def _stop_mps_daemons(self) -> None:
+        """MPS control daemons outlive the cdi service on purpose (a restarted node adopts them);
+        the simulated node they ran for is gone with the cluster, so they go too."""
+        for node in self.nodes:
+            for pid_file in sorted(self.mps_root(node.name).glob(f"*/pipe/{MPS_PID_FILE}")):
+                with contextlib.suppress(OSError, ValueError):
+                    os.kill(int(pid_file.read_text().split()[0]), signal.SIGTERM)
