@@ -38,6 +38,7 @@ class Node:
     namespace: str
     cluster: LocalCluster
     api: Any
+    machine: str = MACHINE
 
     @property
     def core(self) -> CoreV1Api:
@@ -48,7 +49,7 @@ class Node:
         return ResourceV1Api(self.api)
 
     def mig_uuids(self) -> set[str]:
-        executor = MigExecutor(sim(MACHINE, self.cluster.state_file(self.name)), minors=MINORS)
+        executor = MigExecutor(sim(self.machine, self.cluster.state_file(self.name)), minors=MINORS)
         return {i.mig_uuid for gpu in range(8) for i in executor.observe(gpu) if i.mig_uuid}
 
     def spec_text(self, uid: str) -> str:
@@ -89,7 +90,13 @@ async def why(node: Node, name: str) -> str:
 
 @contextlib.asynccontextmanager
 async def started_node(
-    controlplane: ControlPlane, kube: Any, unique: str, *, decide: bool = False, allocators: int = 1
+    controlplane: ControlPlane,
+    kube: Any,
+    unique: str,
+    *,
+    decide: bool = False,
+    allocators: int = 1,
+    machine: str = MACHINE,
 ) -> AsyncIterator[Node]:
     """One simulated node of Tangram's services against the control plane, played by the test
     kubelet; with `decide`, the allocator decides the claims of pods held by Tangram's gate."""
@@ -99,7 +106,7 @@ async def started_node(
     await install_device_classes(kube)
     await call("create namespace", CoreV1Api(kube).create_namespace({"metadata": {"name": unique}}))
     cluster = LocalCluster(
-        [SimNode(name, MACHINE)],
+        [SimNode(name, machine)],
         kubeconfig=controlplane.kubeconfig,
         decide_in_kubernetes=decide,
         allocators=allocators,
@@ -116,7 +123,7 @@ async def started_node(
         # Tests that call the plugin themselves wait for it to serve, as kubelet waits for its
         # registration.
         await until("the node's kubelet plugin serving", serving)
-        yield Node(name, unique, cluster, kube)
+        yield Node(name, unique, cluster, kube, machine)
     finally:
         stop.set()
         await task

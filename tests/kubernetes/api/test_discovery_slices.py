@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,24 +45,30 @@ async def test_discovery_publishes_and_updates_its_nodes_slices(
         k8s_version="1.36",
     )
 
+    def device_slice() -> dict[str, Any]:
+        [found] = [s for s in apiserver.slices(NODE) if s["spec"].get("devices")]
+        return found
+
     async def slices_follow_the_hardware() -> None:
-        await until("len(apiserver.slices(NODE)) == 1", lambda: len(apiserver.slices(NODE)) == 1, 20)
-        [first] = apiserver.slices(NODE)
-        assert first["metadata"]["name"] == "gpu-node.example.com-gpu-tangram-dev-0"
-        assert [d["name"] for d in first["spec"]["devices"]] == [f"gpu-{i}" for i in range(8)]
-        assert first["spec"]["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 1}
+        # 1.36 keeps consumable capacity: each GPU and its share host, apart from the GPUs' counter sets
+        await until("len(apiserver.slices(NODE)) == 2", lambda: len(apiserver.slices(NODE)) == 2, 20)
+        first = device_slice()
+        assert first["metadata"]["name"].startswith("gpu-node.example.com-gpu-tangram-dev-")
+        assert [d["name"] for d in first["spec"]["devices"]] == [
+            name for i in range(8) for name in (f"gpu-{i}", f"gpu-{i}-shared")
+        ]
+        assert first["spec"]["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 2}
 
         simulated("l40s-8", state).sim_set_lost(2)  # another process sees GPU 2 fall off the bus
         await until(
-            "apiserver.slices(NODE)[0]['spec']['pool']['generation'] == 2",
-            lambda: apiserver.slices(NODE)[0]["spec"]["pool"]["generation"] == 2,
+            "the pool's generation 2",
+            lambda: all(s["spec"]["pool"]["generation"] == 2 for s in apiserver.slices(NODE)),
             20,
         )
 
     await run_discovery(settings, bus, slices_follow_the_hardware)
-    [latest] = apiserver.slices(NODE)
-    tainted = [d["name"] for d in latest["spec"]["devices"] if d.get("taints")]
-    assert tainted == ["gpu-2"]
+    tainted = [d["name"] for d in device_slice()["spec"]["devices"] if d.get("taints")]
+    assert tainted == ["gpu-2", "gpu-2-shared"]
 
 
 async def test_discovery_survives_an_api_outage_and_catches_up(
@@ -81,7 +88,7 @@ async def test_discovery_survives_an_api_outage_and_catches_up(
 
     async def catches_up() -> None:
         await until(
-            "len(apiserver.slices(NODE)) == 1", lambda: len(apiserver.slices(NODE)) == 1, 20
+            "len(apiserver.slices(NODE)) == 2", lambda: len(apiserver.slices(NODE)) == 2, 20
         )  # after the 1 s backoff
 
     await run_discovery(settings, bus, catches_up)

@@ -51,7 +51,7 @@ async def test_ecc_xid_taints_the_gpu_and_an_application_xid_does_not(
     task = asyncio.create_task(run(ctx, settings))
     try:
         await asyncio.wait_for(ctx.ready.wait(), 20)
-        await until("len(apiserver.slices(NODE)) == 1", lambda: len(apiserver.slices(NODE)) == 1, 20)
+        await until("the pool published", lambda: len(apiserver.slices(NODE)) == 2, 20)  # devices, counters
         assert tainted(apiserver) == {}
         nvml = simulated("l40s-8", state)
         before = xids_seen(APPLICATION_XID)
@@ -61,7 +61,11 @@ async def test_ecc_xid_taints_the_gpu_and_an_application_xid_does_not(
         )  # handled before the ECC error comes
         nvml.sim_inject_xid(3, DOUBLE_BIT_ECC_XID)
         await until("bool(tainted(apiserver))", lambda: bool(tainted(apiserver)), 20)
-        assert tainted(apiserver) == {"gpu-3": ["gpu.tangram.dev/unhealthy"]}
+        # the GPU and its share host
+        assert tainted(apiserver) == {
+            "gpu-3": ["gpu.tangram.dev/unhealthy"],
+            "gpu-3-shared": ["gpu.tangram.dev/unhealthy"],
+        }
     finally:
         ctx.stop.set()
         await task

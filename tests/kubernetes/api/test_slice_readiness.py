@@ -44,7 +44,7 @@ async def test_an_api_outage_longer_than_the_stale_window_makes_discovery_unread
         assert reason.partition(" s: ")[2].strip() != ""  # the API error itself is named
         assert apiserver.slices(NODE) == []
         await apiserver.start()  # the same port: the pending retry reaches it
-        await until("len(apiserver.slices(NODE)) == 1", lambda: len(apiserver.slices(NODE)) == 1, 20)
+        await until("the pool published", lambda: len(apiserver.slices(NODE)) == 2, 20)  # devices, counters
         await until("not problems(ctx)", lambda: not problems(ctx), 20)
     finally:
         ctx.stop.set()
@@ -69,7 +69,7 @@ async def test_synced_slices_keep_discovery_ready(
     task = asyncio.create_task(run(ctx, settings))
     try:
         await asyncio.wait_for(ctx.ready.wait(), 20)
-        await until("len(apiserver.slices(NODE)) == 1", lambda: len(apiserver.slices(NODE)) == 1, 20)
+        await until("the pool published", lambda: len(apiserver.slices(NODE)) == 2, 20)  # devices, counters
         assert len(ctx.readiness) == 1  # the slice check is registered
         assert problems(ctx) == []
     finally:
