@@ -24,6 +24,7 @@ from tests.e2e.kubecluster import (
     DRIVER,
     NOT_GPU0,
     Node,
+    allocator_state,
     claim_of,
     pod,
     started_node,
@@ -214,3 +215,58 @@ async def test_mps_shares_of_a_mig_instance_made_on_demand(h200: Node, release: 
         return made not in node.mig_uuids() and not process_alive(pid)
 
     await until("the instance destroyed and its daemon stopped after the last share", destroyed)
+
+
+def legacy_gpu_pod(name: str, namespace: str) -> dict[str, Any]:
+    """A manifest written for NVIDIA's device plugin: `nvidia.com/gpu: 1`, no claim, no gate."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                }
+            ]
+        },
+    }
+
+
+async def test_a_pod_asking_nvidia_com_gpu_gets_a_tangram_gpu_where_the_server_maps_extended_resources(
+    l40s: Node, release: Release
+) -> None:
+    node, ns = l40s, l40s.namespace
+    await node.core.create_namespaced_pod(ns, legacy_gpu_pod("legacy", ns))
+    if release.dra_alpha:
+        # 1.34: extended resources served by DeviceClasses are alpha and off; no node offers the
+        # resource, so kube-scheduler says so and the pod waits (NVIDIA's device plugin's route)
+        async def insufficient() -> str | None:
+            found = await node.core.read_namespaced_pod("legacy", ns)
+            for condition in found.status.conditions or []:
+                if condition.type == "PodScheduled" and condition.reason == "Unschedulable":
+                    return str(condition.message)
+            return None
+
+        message = await until("kube-scheduler's reason", insufficient)
+        assert "Insufficient nvidia.com/gpu" in message
+        return
+    running = await wait_for_pod(node, "legacy", "Running")
+    assert running.spec.node_name == node.name
+    name = running.status.extended_resource_claim_status.resource_claim_name
+    claim = dict(
+        node.api.sanitize_for_serialization(await node.resource.read_namespaced_resource_claim(name, ns))
+    )
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    assert result["driver"] == DRIVER and result["pool"] == node.name
+    assert result["device"] in {f"gpu-{i}" for i in range(8)}  # a whole GPU, never a share host
+    assert f"/dev/nvidia{result['device'].removeprefix('gpu-')}" in node.spec_text(claim["metadata"]["uid"])
+
+    # Tangram holds what kube-scheduler gave, so it never gives that GPU to anybody else
+    async def adopted() -> bool:
+        state = await allocator_state(node.cluster)
+        return state["allocated"].get(node.name, {}).get(result["device"]) == claim["metadata"]["uid"]
+
+    await until("the allocator holds the GPU kube-scheduler gave", adopted)

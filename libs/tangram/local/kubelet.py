@@ -141,11 +141,19 @@ class NodeKubelet:
 
     async def _claims_of(self, pod: Any) -> list[ClaimHandle]:
         generated = {s.name: s.resource_claim_name for s in pod.status.resource_claim_statuses or []}
-        handles = []
+        names: list[str] = []
         for entry in pod.spec.resource_claims or []:
             name = entry.resource_claim_name or generated.get(entry.name)
             if not name:
                 raise _NotYet(f"no ResourceClaim generated yet for {entry.name!r}")
+            names.append(name)
+        # An extended resource (`nvidia.com/gpu: 1`) served through a DeviceClass: kube-scheduler
+        # made the claim for the pod and names it in the pod's status.
+        extended = getattr(pod.status, "extended_resource_claim_status", None)
+        if extended is not None and extended.resource_claim_name:
+            names.append(extended.resource_claim_name)
+        handles = []
+        for name in names:
             claim = await call(
                 f"read ResourceClaim {pod.metadata.namespace}/{name}",
                 self._resource.read_namespaced_resource_claim(name, pod.metadata.namespace),
