@@ -8,9 +8,10 @@ Tangram's order, facts of hardware and state only:
 1. join a host already carrying shares, the one left fullest (best fit by memory, then compute),
    so that shares pack onto GPUs already shared;
 2. else open a fresh host, preferring one that takes no whole GPU away (a MIG placement on a GPU
-   already cut), then one whose GPU has no free NVLink peer (NVLink sets stay whole for exclusive
-   claims), then the smallest host that fits (a MIG instance rather than a whole GPU), then the
-   placement that spoils the fewest larger MIG placements, then the fullest node.
+   already cut, the smallest that fits, spoiling the fewest larger placements), then one whose
+   GPU has no free NVLink peer (NVLink sets stay whole for exclusive claims); on a GPU still
+   whole, the whole GPU (it holds more shares than any instance cut from it); then the fullest
+   node.
 First-fit takes the first host that fits in node and device order; best-fit takes the fullest
 host that fits, open or not, the smallest when opening.
 """
@@ -194,7 +195,12 @@ def _open_rank(node: NodeState, device: DeviceShape, free_whole: int, policy: Po
     if device.kind == "mig":
         placements = node.shape.gpus[gpu].placements
         spoiled = placement_loss(placements, node.occupied.get(gpu, 0), device.mask)
-    return (1, takes_whole, nvlink_peer, device.memory, spoiled, free_whole, device.index)
+    # A GPU still whole is lost to exclusive claims whichever host opens on it: there the largest
+    # host (the whole GPU) holds the most shares, where MIG instances would leave a memory slice
+    # unused and split the rest. On a GPU already cut, the smallest placement that fits keeps the
+    # larger ones for MIG claims.
+    size = -device.memory if takes_whole else device.memory
+    return (1, takes_whole, nvlink_peer, size, spoiled, free_whole, device.index)
 
 
 def _refusal(node: NodeState, hosts: list[DeviceShape], ask: DeviceShare) -> tuple[tuple[Any, ...], str]:

@@ -18,11 +18,11 @@ import random
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import combinations
-from typing import Any
+from typing import Any, TypeVar
 
 from tangram.allocation import POLICIES, Allocated, Claim, DeviceClass, FleetState, NvlinkTally, Policy
 from tangram.bench.traces import (
@@ -39,6 +39,7 @@ from tangram.bench.traces import (
 from tangram.dra import partitionable, whole_gpu_advertised
 from tangram.events.inventory import NodeHardware, renamed_machine
 
+Node = TypeVar("Node")
 CHURN_LOAD = 0.5  # share of the fleet's GPUs the claims alive ask for while a churn trace churns
 TARGETS = {"fill_claims_ratio": 0.97, "churn_claims_ratio": 0.90}
 # Mixed fleets of at least 8 nodes of three kinds: NVSwitch (8-GPU NVLink sets, MIG), NVLink-bridged
@@ -111,7 +112,7 @@ def packing_node(hw: NodeHardware) -> PackingNode:
 
 
 @contextmanager
-def _stdout_to_stderr() -> Iterator[None]:
+def stdout_to_stderr() -> Iterator[None]:
     """HiGHS prints its banner on file descriptor 1 when first constructed; stdout carries the JSON."""
     sys.stdout.flush()
     saved = os.dup(1)
@@ -146,7 +147,7 @@ def optimal_admitted(
     """
     import highspy  # noqa: PLC0415 - the solver is needed by this benchmark only
 
-    with _stdout_to_stderr():
+    with stdout_to_stderr():
         h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(time_limit_s))
@@ -273,19 +274,20 @@ def _alive_after(ops: list[Op], arrivals: int) -> list[ClaimShape]:
 
 
 def optimal_prefix(
-    nodes: list[PackingNode],
+    nodes: Sequence[Node],
     ops: list[Op],
     feasible_at: int,
     *,
     capacity_gpus: float,
     time_limit_s: float,
+    solve: Callable[..., Optimum] = optimal_admitted,
 ) -> tuple[int, bool, float]:
     """The most arrivals, past `feasible_at` (known to fit), whose claims alive all fit at once.
 
     Binary search over the arrivals of the trace's arrival-only tail (feasibility is monotone
-    there), each step an exact ILP (optimal_admitted). `feasible_at` is at least the end of the
-    churn phase: unless a policy's failure during the churn is shown to be unavoidable
-    (_failing_too), the optimum is taken to fit every claim alive during the churn, so with
+    there), each step an exact ILP (`solve`: optimal_admitted by default). `feasible_at` is at
+    least the end of the churn phase: unless a policy's failure during the churn is shown to be unavoidable
+    (failing_too), the optimum is taken to fit every claim alive during the churn, so with
     departures this is an upper bound on any placement that never moves a claim.
     Returns (arrivals, proven, seconds).
     """
@@ -300,7 +302,7 @@ def optimal_prefix(
     while hi - lo > 1:
         middle = (lo + hi) // 2
         alive = _alive_after(ops, middle)
-        optimum = optimal_admitted(nodes, alive, time_limit_s=time_limit_s)
+        optimum = solve(nodes, alive, time_limit_s=time_limit_s)
         seconds += optimum.seconds
         if optimum.admitted >= len(alive):
             lo = middle
@@ -312,12 +314,14 @@ def optimal_prefix(
     return lo, proven, round(seconds, 3)
 
 
-def _failing_too(
-    nodes: list[PackingNode],
+def failing_too(
+    nodes: Sequence[Node],
     ops: list[Op],
     results: Any,
     churn_claims: int,
+    *,
     time_limit_s: float,
+    solve: Callable[..., Optimum] = optimal_admitted,
 ) -> tuple[int, bool, float] | None:
     """Where a policy failed during the churn, whether no placement at all fits the claims alive
     with the failing claim: then the optimum's first failure is there too (the earliest such)."""
@@ -327,7 +331,7 @@ def _failing_too(
         if arrivals >= churn_claims:
             break
         alive = _alive_after(ops, arrivals + 1)
-        optimum = optimal_admitted(nodes, alive, time_limit_s=time_limit_s)
+        optimum = solve(nodes, alive, time_limit_s=time_limit_s)
         seconds += optimum.seconds
         if optimum.proven and optimum.admitted < len(alive):
             return arrivals, True, round(seconds, 3)
@@ -351,7 +355,7 @@ def run_instance(
     )
     results = {policy: replay(nodes, ops, classes, policy) for policy in policies}
     packing = [packing_node(hw) for hw in nodes]
-    found = _failing_too(packing, ops, results.values(), churn_claims, time_limit_s)
+    found = failing_too(packing, ops, results.values(), churn_claims, time_limit_s=time_limit_s)
     if found is not None:
         best, proven, seconds = found
     else:

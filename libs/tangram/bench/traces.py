@@ -20,27 +20,38 @@ from tangram.events.inventory import GpuInfo, NodeHardware, renamed_machine
 
 GPU_CLASS = "gpu.tangram.dev"
 MIG_CLASS = "mig.gpu.tangram.dev"
+SHARED_CLASS = "shared.gpu.tangram.dev"
+# A share's demand in GPUs, for sizing traces: its memory over this much
+SHARE_GPU_GIB = 48
 
 
 @dataclass(frozen=True, slots=True)
 class ClaimShape:
-    """What a claim asks for: `count` whole GPUs (NVLink-connected when `nvlink`), or one MIG device
-    of `compute` compute slices and `slices` memory slices (never the media-extensions profile)."""
+    """What a claim asks for: `count` whole GPUs (NVLink-connected when `nvlink`), one MIG device
+    of `compute` compute slices and `slices` memory slices (never the media-extensions profile), or
+    a share of `memory_gib` of one device (and `percent` of its compute when not 0)."""
 
-    kind: str  # "gpu" | "mig"
+    kind: str  # "gpu" | "mig" | "share"
     count: int = 1
     nvlink: bool = False
     compute: int = 0
     slices: int = 0
+    memory_gib: int = 0
+    percent: int = 0
 
     @property
     def label(self) -> str:
         if self.kind == "gpu":
             return f"{self.count}gpu" + ("-nvlink" if self.nvlink else "")
+        if self.kind == "share":
+            return f"share-{self.memory_gib}gib" + (f"-{self.percent}pct" if self.percent else "")
         return f"mig-{self.compute}g-{self.slices}s"
 
     def gpus(self, slices_per_gpu: int = 8) -> float:
-        """Demand in GPUs: MIG claims count their share of a GPU's memory slices."""
+        """Demand in GPUs: MIG claims count their share of a GPU's memory slices, shares their
+        memory over SHARE_GPU_GIB."""
+        if self.kind == "share":
+            return self.memory_gib / SHARE_GPU_GIB
         return float(self.count) if self.kind == "gpu" else self.slices / slices_per_gpu
 
 
@@ -172,6 +183,8 @@ def alive_at_end(ops: list[Op]) -> dict[str, ClaimShape]:
 
 def claim_spec(shape: ClaimShape, driver: str = DRIVER_NAME) -> dict[str, Any]:
     """A resource.k8s.io/v1 ResourceClaim spec asking for the shape."""
+    if shape.kind == "share":
+        return share_claim_spec(shape, driver)
     if shape.kind == "gpu":
         exactly: dict[str, Any] = {"deviceClassName": GPU_CLASS, "count": shape.count}
     else:
@@ -196,6 +209,23 @@ def claim_spec(shape: ClaimShape, driver: str = DRIVER_NAME) -> dict[str, Any]:
                 },
             }
         ]
+    return {"devices": devices}
+
+
+def share_claim_spec(shape: ClaimShape, driver: str = DRIVER_NAME) -> dict[str, Any]:
+    """One share: its memory as a capacity request, its compute in Tangram's SharingConfig."""
+    exactly = {
+        "deviceClassName": SHARED_CLASS,
+        "capacity": {"requests": {"memory": f"{shape.memory_gib}Gi"}},
+    }
+    devices: dict[str, Any] = {"requests": [{"name": "share", "exactly": exactly}]}
+    if shape.percent:
+        parameters = {
+            "apiVersion": "gpu.tangram.dev/v1alpha1",
+            "kind": "SharingConfig",
+            "computePercent": shape.percent,
+        }
+        devices["config"] = [{"requests": ["share"], "opaque": {"driver": driver, "parameters": parameters}}]
     return {"devices": devices}
 
 

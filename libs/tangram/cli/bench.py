@@ -12,6 +12,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "bus": ("tangram.bench.bus", "JetStream publish/consume throughput and latency vs plain nats-py"),
     "allocator": ("tangram.bench.allocator", "allocator decisions/s and latency at fleet scale vs first-fit"),
     "quality": ("tangram.bench.quality", "placement quality vs first-fit, best-fit and an ILP optimum"),
+    "sharing": (
+        "tangram.bench.sharing",
+        "small inference claims sharing GPUs vs whole-GPU allocation, first-fit sharing and an ILP optimum",
+    ),
     "prepare": ("tangram.bench.prepare", "kubelet NodePrepareResources latency with concurrent claims"),
     "kubernetes": (
         "tangram.bench.kubernetes",
