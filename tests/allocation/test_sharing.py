@@ -109,8 +109,21 @@ def test_a_share_keeps_nvlink_pairs_whole_and_prefers_a_gpu_without_nvlink() -> 
     assert device == "gpu-0-shared"
 
 
-def test_a_share_carves_a_mig_instance_sized_for_it_on_a_mig_capable_gpu() -> None:
+def mig_node() -> Any:
+    """An HGX H100 running MIG: GPU 0 in MIG mode, no instance yet."""
+    return hgx("h", gpu_extra={0: {"mig_enabled": True}})
+
+
+def test_on_a_node_without_mig_a_share_opens_a_whole_gpu_not_an_instance() -> None:
     state = fleet(hgx("h"))
+    first = allocated(state.allocate(share("a", "10Gi"), SHARE_CLASSES))
+    assert first.devices[0].device == "gpu-0-shared"
+    assert first.partitions == []
+    assert held(state.allocate(share("b", "40Gi"), SHARE_CLASSES)) == ("h", "gpu-0-shared")
+
+
+def test_a_share_carves_a_mig_instance_sized_for_it_on_a_node_running_mig() -> None:
+    state = fleet(mig_node())
     first = allocated(state.allocate(share("a", "10Gi"), SHARE_CLASSES))
     # 1g.10gb holds 9.75 GiB: the smallest host that fits is a 1g.20gb placement, created for it
     # at memory slices 6-7, where it spoils no 3g or 4g placement
@@ -126,7 +139,7 @@ def test_a_share_carves_a_mig_instance_sized_for_it_on_a_mig_capable_gpu() -> No
 
 
 def test_the_instance_of_a_mig_share_host_is_destroyed_after_its_last_share_only() -> None:
-    state = fleet(hgx("h"))
+    state = fleet(mig_node())
     allocated(state.allocate(share("a", "10Gi"), SHARE_CLASSES))
     allocated(state.allocate(share("b", "8Gi"), SHARE_CLASSES))
     assert state.release("uid-a").destroy == []

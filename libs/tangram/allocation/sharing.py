@@ -10,8 +10,8 @@ Tangram's order, facts of hardware and state only:
 2. else open a fresh host, preferring one that takes no whole GPU away (a MIG placement on a GPU
    already cut, the smallest that fits, spoiling the fewest larger placements), then one whose
    GPU has no free NVLink peer (NVLink sets stay whole for exclusive claims); on a GPU still
-   whole, the whole GPU (it holds more shares than any instance cut from it); then the fullest
-   node.
+   whole of a node running MIG, the smallest instance that fits, on a node without MIG the whole
+   GPU (it holds more shares than any instance cut from it); then the fullest node.
 First-fit takes the first host that fits in node and device order; best-fit takes the fullest
 host that fits, open or not, the smallest when opening.
 """
@@ -195,11 +195,13 @@ def _open_rank(node: NodeState, device: DeviceShape, free_whole: int, policy: Po
     if device.kind == "mig":
         placements = node.shape.gpus[gpu].placements
         spoiled = placement_loss(placements, node.occupied.get(gpu, 0), device.mask)
-    # A GPU still whole is lost to exclusive claims whichever host opens on it: there the largest
-    # host (the whole GPU) holds the most shares, where MIG instances would leave a memory slice
-    # unused and split the rest. On a GPU already cut, the smallest placement that fits keeps the
-    # larger ones for MIG claims.
-    size = -device.memory if takes_whole else device.memory
+    # A GPU still whole is lost to whole-GPU claims whichever host opens on it. On a node that runs
+    # no MIG, the largest host (the whole GPU) then holds the most shares, where MIG instances would
+    # leave a memory slice unused and split the rest. On a node that runs MIG, and on a GPU already
+    # cut, the smallest placement that fits leaves the rest of the GPU to MIG claims and to more
+    # shares: a 2g instance shared by three rerankers rather than a whole H200.
+    carves = not takes_whole or node.mig_mode != 0 or any(node.existing.values())
+    size = device.memory if carves else -device.memory
     return (1, takes_whole, nvlink_peer, size, spoiled, free_whole, device.index)
 
 
