@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 
 from tangram.allocation import Allocated, Claim, Failed, FleetState
+from tangram.allocation.ledger import Ledger
+from tangram.events import ClaimRequested
 from tests.allocation.machines import (
     CLASSES,
     DRIVER,
@@ -228,3 +230,35 @@ def test_a_rebuild_from_the_decisions_holds_the_same_shares() -> None:
     assert rebuilt.snapshot() == live.snapshot()
     follow = share("next", "10Gi")
     assert rebuilt.allocate(follow, SHARE_CLASSES) == live.allocate(follow, SHARE_CLASSES)
+
+
+def kube_allocation(device: str, memory: str | None, share_uid: str | None) -> dict[str, Any]:
+    result: dict[str, Any] = {"request": "share", "driver": DRIVER, "pool": "l1", "device": device}
+    if share_uid is not None:
+        result["shareID"] = share_uid
+    if memory is not None:
+        result["consumedCapacity"] = {"memory": memory}
+    return {"devices": {"results": [result]}}
+
+
+def test_shares_kube_scheduler_allocated_are_held_as_shares_and_counted() -> None:
+    ledger = Ledger(fleet=fleet(l40s("l1")), classes=SHARE_CLASSES)
+    for n, memory in enumerate(("20Gi", "16Gi")):
+        uid = f"00000000-0000-4000-8000-00000000000{n}"
+        allocation = kube_allocation("gpu-0-shared", memory, f"5e2a0000-0000-4000-8000-00000000000{n}")
+        ledger.apply(
+            ClaimRequested(key=uid, namespace="ml", name=f"k{n}", uid=uid, spec={}, allocation=allocation),
+            live=False,
+        )
+    assert ledger.conflicts == []  # two claims on one share host are no conflict
+    node = ledger.fleet.node("l1")
+    assert node is not None
+    [host] = node.hosts.values()
+    assert host.memory_used == 36 * GIB
+    # what is left on it (8.99 GiB) is what Tangram then counts: 8 GiB joins, 10 GiB does not
+    assert held(ledger.fleet.allocate(share("a", "8Gi", index_is(0)), SHARE_CLASSES)) == (
+        "l1",
+        "gpu-0-shared",
+    )
+    refused = ledger.fleet.allocate(share("b", "10Gi", index_is(0)), SHARE_CLASSES)
+    assert "gpu-0-shared has 0.9883 GiB of memory" in reason_of(refused)

@@ -3,10 +3,13 @@ claims kube-scheduler allocated, learned when their node prepared them."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from tangram.allocation.holdings import Holdings
 from tangram.allocation.model import Allocated
 from tangram.allocation.nodeindex import NodeIndex
-from tangram.events.catalogue import AllocatedDevice
+from tangram.dra.sharing import share_id, share_memory, share_of
+from tangram.events.catalogue import AllocatedDevice, DeviceShare
 
 
 def adopt(nodes: NodeIndex, holdings: Holdings, decision: Allocated) -> None:
@@ -32,9 +35,11 @@ def adopt_prepared(
     devices: list[tuple[str, str]],
     *,
     driver: str,
+    shares: Mapping[str, DeviceShare] | None = None,
 ) -> list[str]:
     """Hold the devices of a claim allocated outside the allocator (FleetState.adopt_prepared);
-    returns the names of devices another claim already held."""
+    returns the names of devices another claim already held. A share host is held as a share:
+    the one in `shares`, else the default share of the device."""
     if claim_uid in holdings:
         return []
     node = nodes.get(node_name)
@@ -57,7 +62,8 @@ def adopt_prepared(
             )
             taken.append(name)
             continue
-        if index in node.allocated and node.allocated[index] != claim_uid:
+        shared = node.shape.devices[index].shared
+        if not shared and index in node.allocated and node.allocated[index] != claim_uid:
             conflicts.append(name)
             continue
         device = node.devices[index]
@@ -72,13 +78,18 @@ def adopt_prepared(
                 profile=device.profile,
                 profile_id=device.profile_id,
                 placement=device.placement,
+                share=(
+                    (shares or {}).get(name)
+                    or share_of(share_id(claim_uid, name), None, memory=share_memory(None, None))
+                    if shared
+                    else None
+                ),
             )
         )
         taken.append(name)
     decision = Allocated(claim_uid=claim_uid, node=node_name, devices=allocated)
     holdings.hold(decision, tuple(taken))
     if node is not None:
-        index_by_name = node.shape.index_by_name
-        node.take([index_by_name[n] for n in taken if n in index_by_name], claim_uid)
+        node.take_held(claim_uid, allocated, taken)
         nodes.changed(node.name)
     return conflicts

@@ -42,6 +42,7 @@ from tangram.allocation.sharing import place_share, share_requests
 from tangram.allocation.solver import solve
 from tangram.allocation.spec import DeviceClass, parse_claim_spec
 from tangram.allocation.templates import DeviceTemplates
+from tangram.events.catalogue import DeviceShare
 from tangram.events.inventory import NodeHardware
 from tangram.kubernetes.objects.names import InvalidName, validate_claim_uid
 
@@ -339,7 +340,13 @@ class FleetState:
         """
         adoption.adopt(self._nodes, self._holdings, decision)
 
-    def adopt_prepared(self, claim_uid: str, node_name: str, devices: list[tuple[str, str]]) -> list[str]:
+    def adopt_prepared(
+        self,
+        claim_uid: str,
+        node_name: str,
+        devices: list[tuple[str, str]],
+        shares: Mapping[str, DeviceShare] | None = None,
+    ) -> list[str]:
         """Hold the devices of a claim allocated outside the allocator (by kube-scheduler), learned
         when its node prepared it. `devices` are (request, device name) of the node's pool.
 
@@ -347,7 +354,7 @@ class FleetState:
         deciders gave them out at once, and counting them twice would corrupt the counters.
         """
         return adoption.adopt_prepared(
-            self._nodes, self._holdings, claim_uid, node_name, devices, driver=self.driver
+            self._nodes, self._holdings, claim_uid, node_name, devices, driver=self.driver, shares=shares
         )
 
     # --- reporting ------------------------------------------------------------------------------

@@ -9,11 +9,18 @@ default, rounded up to the request policy's step. Compute is counted only when l
 
 from __future__ import annotations
 
+import re
 import uuid
+from collections.abc import Mapping
+from typing import Any
 
 from tangram.dra.config import SharingConfig
 from tangram.dra.devices import SHARE_MEMORY_DEFAULT, SHARE_MEMORY_STEP
+from tangram.dra.names import SHARED_SUFFIX
 from tangram.events.catalogue import DeviceShare
+from tangram.quantity import ceil_quantity
+
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 # shareIDs are UUIDs derived from the claim and the device, so a replay, and a node reading a
 # claim whose server dropped the field, find the same ones
@@ -46,3 +53,40 @@ def share_of(identifier: str, config: SharingConfig | None, *, memory: int) -> D
 def counted_compute(share: DeviceShare) -> int:
     """The compute percentage a share takes from its device's 100 (0 when not limited)."""
     return share.compute_percent if share.compute_percent < 100 else 0
+
+
+def is_share_host(device: str) -> bool:
+    return device.endswith(SHARED_SUFFIX)
+
+
+def read_share(
+    entry: Mapping[str, Any], *, where: str, claim_uid: str, config: SharingConfig | None
+) -> DeviceShare | None:
+    """The share one allocation result (status.allocation.devices.results[i]) holds; None for a
+    result that is not of a share host. Raises ValueError naming the field it cannot read.
+
+    Where the API server dropped shareID and consumedCapacity (consumable capacity off), the id is
+    derived as the allocator derived it, and the memory is the SharingConfig's or the default.
+    """
+    device = str(entry.get("device", ""))
+    if not is_share_host(device):
+        if entry.get("shareID") is not None:
+            raise ValueError(f"{where}.shareID is set, but {device} is not a shared device")
+        return None
+    identifier = entry.get("shareID")
+    if identifier is None:
+        identifier = share_id(claim_uid, device)
+    elif not isinstance(identifier, str) or not _UUID.match(identifier):
+        raise ValueError(f"{where}.shareID: {str(identifier)[:64]!r} is not a UUID")
+    requested: int | None = None
+    consumed = entry.get("consumedCapacity")
+    if consumed is not None:
+        if not isinstance(consumed, Mapping):
+            raise ValueError(f"{where}.consumedCapacity: expected an object")
+        memory = consumed.get("memory")
+        if memory is not None:
+            try:
+                requested = ceil_quantity(str(memory))
+            except ValueError as error:
+                raise ValueError(f"{where}.consumedCapacity.memory: {error}") from None
+    return share_of(identifier, config, memory=share_memory(requested, config))

@@ -9,7 +9,6 @@ error naming the field, so kubelet reports it on the pod instead of running it o
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
@@ -24,12 +23,8 @@ from tangram.dra.config import (
     parse_topology_config,
 )
 from tangram.dra.model import Device
-from tangram.dra.names import SHARED_SUFFIX
-from tangram.dra.sharing import share_id, share_memory, share_of
+from tangram.dra.sharing import read_share
 from tangram.events import DeviceShare, NodeHardware
-from tangram.quantity import ceil_quantity
-
-_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
 class ClaimRefused(ValueError):
@@ -142,27 +137,7 @@ def _with_share(
     what: str,
     position: int,
 ) -> DeviceResult:
-    """A share host's result with its share; any other result as it is (a shareID there is refused)."""
-    where = f"status.allocation.devices.results[{position}]"
-    if not result.device.endswith(SHARED_SUFFIX):
-        if entry.get("shareID") is not None:
-            raise ClaimRefused(f"{what}: {where}.shareID is set, but {result.device} is not a shared device")
-        return result
-    identifier = entry.get("shareID")
-    if identifier is None:
-        # the API server (consumable capacity off) dropped it: derived as the allocator derived it
-        identifier = share_id(claim_uid, result.device)
-    elif not isinstance(identifier, str) or not _UUID.match(identifier):
-        raise ClaimRefused(f"{what}: {where}.shareID: {identifier!r} is not a UUID")
-    consumed = entry.get("consumedCapacity")
-    requested: int | None = None
-    if consumed is not None:
-        memory = _mapping(consumed, f"{where}.consumedCapacity").get("memory")
-        if memory is not None:
-            try:
-                requested = ceil_quantity(str(memory))
-            except ValueError as error:
-                raise ClaimRefused(f"{what}: {where}.consumedCapacity.memory: {error}") from None
+    """A share host's result with its share; any other result as it is."""
     config = None
     for rule in sharing:
         if (
@@ -171,7 +146,14 @@ def _with_share(
             or (result.request.split("/", maxsplit=1)[0] in rule.requests)
         ):
             config = rule.config
-    share = share_of(identifier, config, memory=share_memory(requested, config))
+    try:
+        share = read_share(
+            entry, where=f"status.allocation.devices.results[{position}]", claim_uid=claim_uid, config=config
+        )
+    except ValueError as error:
+        raise ClaimRefused(f"{what}: {error}") from None
+    if share is None:
+        return result
     return DeviceResult(
         request=result.request,
         pool=result.pool,
