@@ -270,3 +270,48 @@ async def test_a_pod_asking_nvidia_com_gpu_gets_a_tangram_gpu_where_the_server_m
         return state["allocated"].get(node.name, {}).get(result["device"]) == claim["metadata"]["uid"]
 
     await until("the allocator holds the GPU kube-scheduler gave", adopted)
+
+
+async def test_kube_scheduler_counts_shares_by_consumable_capacity_and_the_node_enforces_them(
+    l40s: Node, release: Release
+) -> None:
+    """No gate: kube-scheduler decides (the fallback path). Where the server serves consumable
+    capacity it packs four 10 GiB shares on GPU 0's share host and refuses a fifth; the node runs
+    them under MPS with their limits all the same. On 1.34 no share host is published, so
+    kube-scheduler has nothing to share and says so."""
+    node, ns = l40s, l40s.namespace
+    await node.resource.create_namespaced_resource_claim_template(
+        ns, share_template("ten", ns, release, "10Gi", GPU0)
+    )
+    if release.dra_alpha:
+        await node.core.create_namespaced_pod(ns, pod("lone", ns, node.name, uses("ten")))
+
+        async def refused() -> str | None:
+            found = await node.core.read_namespaced_pod("lone", ns)
+            for condition in found.status.conditions or []:
+                if condition.type == "PodScheduled" and condition.reason == "Unschedulable":
+                    return str(condition.message)
+            return None
+
+        assert "cannot allocate all claims" in await until("kube-scheduler's reason", refused)
+        return
+    names = [f"by-kube-{i}" for i in range(4)]
+    for name in names:
+        await node.core.create_namespaced_pod(ns, pod(name, ns, node.name, uses("ten")))
+    for name in names:
+        claim = await running_claim(node, name)
+        [result] = claim["status"]["allocation"]["devices"]["results"]
+        assert result["device"] == "gpu-0-shared"
+        assert result["consumedCapacity"] == {"memory": "10Gi"}
+        env = dict(e.split("=", 1) for e in share_edits(node, claim["metadata"]["uid"])["env"])
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10240M"
+    await node.core.create_namespaced_pod(ns, pod("fifth", ns, node.name, uses("ten")))
+
+    async def refused_fifth() -> str | None:
+        found = await node.core.read_namespaced_pod("fifth", ns)
+        for condition in found.status.conditions or []:
+            if condition.type == "PodScheduled" and condition.reason == "Unschedulable":
+                return str(condition.message)
+        return None
+
+    assert "cannot allocate all claims" in await until("the fifth share refused", refused_fifth)

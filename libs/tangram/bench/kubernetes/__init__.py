@@ -74,6 +74,7 @@ from tangram.bench.kubernetes.synthetic import (
     mixed_phases,
     run_synthetic,
     scheduler_perf_phases,
+    sharing_phases,
     synthetic_fleet,
 )
 from tangram.bench.kubernetes.syntheticnodes import instant_result
@@ -109,6 +110,7 @@ __all__ = [
     "run_report",
     "run_synthetic",
     "scheduler_perf_phases",
+    "sharing_phases",
     "synthetic_fleet",
     "synthetic_ratios",
     "table",
@@ -157,8 +159,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=WORKLOADS,
         default="mixed",
         help="with --synthetic-nodes: scheduler-perf (l40s-8 nodes, 1-GPU pods until full, then "
-        "steady churn at half full) or mixed (hgx-h200, h100-nvl-4x2, l40s-8; MIG and NVLink claims "
-        "past saturation)",
+        "steady churn at half full), mixed (hgx-h200, h100-nvl-4x2, l40s-8; MIG and NVLink claims "
+        "past saturation) or sharing (l40s-8, h100-nvl-4x2; shares of GPUs by memory, and exclusive "
+        "claims, past saturation)",
     )
     parser.add_argument(
         "--concurrency",
@@ -248,6 +251,8 @@ async def _bench_synthetic(args: argparse.Namespace, chosen: list[str]) -> dict[
     if args.workload == "scheduler-perf":
         steady = args.nodes if args.steady is None else args.steady
         phases = scheduler_perf_phases(int(capacity), steady=steady, seed=args.seed)
+    elif args.workload == "sharing":
+        phases = sharing_phases(capacity, pods=args.pods, saturation=args.saturation, seed=args.seed)
     else:
         phases = mixed_phases(capacity, pods=args.pods, saturation=args.saturation, seed=args.seed)
     runs: dict[str, Any] = {}

@@ -17,6 +17,10 @@ Workloads:
 - `mixed`: hgx-h200, h100-nvl-4x2 and l40s-8 nodes with every MIG placement advertised; the seeded
   trace of the allocator benchmarks (MIG 1g/2g/3g and 1/2/4/8-GPU NVLink claims, churn at half the
   fleet's GPUs, then arrivals only past saturation), every operation of it measured.
+- `sharing`: l40s-8 and h100-nvl-4x2 nodes with their share hosts; the trace of `tangram bench
+  sharing` (shares of 2-24 GiB asked as `capacity.requests.memory`, some with a compute percentage,
+  and exclusive 1-2 GPU claims; churn, then past saturation). kube-scheduler counts the shares by
+  consumable capacity (1.36 and later); the compute percentages are Tangram's alone.
 """
 
 from __future__ import annotations
@@ -63,23 +67,31 @@ from tangram.bench.kubernetes.syntheticnodes import (
     remove_fleet,
 )
 from tangram.bench.kubesim import BenchError, until
-from tangram.bench.traces import Arrival, ClaimShape, Departure, Op
+from tangram.bench.sharing import CHURN_LOAD as SHARING_CHURN_LOAD
+from tangram.bench.sharing import SHARING_MIX
+from tangram.bench.traces import Arrival, ClaimShape, Departure, Op, saturating_trace
 from tangram.events import NodeHardware
 from tangram.kubernetes.api import KubeApiError, call, call_json
 from tangram.kubernetes.api.watching import list_then_watch
 from tangram.kubernetes.objects.claimbridge import UNSCHEDULABLE_REASON
 from tangram.local.controlplane import ControlPlane
 
-WORKLOADS = ("scheduler-perf", "mixed")
+WORKLOADS = ("scheduler-perf", "mixed", "sharing")
 SCHEDULER_PERF_MACHINES = ("l40s-8",)
 MIXED_MACHINES = ("hgx-h200", "h100-nvl-4x2", "l40s-8")
+SHARING_MACHINES = ("l40s-8", "h100-nvl-4x2")
+MACHINES_OF = {
+    "scheduler-perf": SCHEDULER_PERF_MACHINES,
+    "mixed": MIXED_MACHINES,
+    "sharing": SHARING_MACHINES,
+}
 ONE_GPU = ClaimShape("gpu", 1)
 PHASE_LIMIT_S = 1800.0
 
 
 def synthetic_fleet(nodes: int, workload_name: str, *, prefix: str = "syn-") -> list[tuple[str, str]]:
     """(node name, machine) for the workload's fleet, cycling through its machines."""
-    machines = SCHEDULER_PERF_MACHINES if workload_name == "scheduler-perf" else MIXED_MACHINES
+    machines = MACHINES_OF[workload_name]
     return [(f"{prefix}{machines[n % len(machines)]}-{n}", machines[n % len(machines)]) for n in range(nodes)]
 
 
@@ -112,6 +124,13 @@ def scheduler_perf_phases(gpus: int, *, steady: int, seed: int) -> list[Phase]:
 
 def mixed_phases(gpus: float, *, pods: int, saturation: float, seed: int) -> list[Phase]:
     return [Phase("trace", workload(seed, gpus, pods=pods, saturation=saturation), True)]
+
+
+def sharing_phases(gpus: float, *, pods: int, saturation: float, seed: int) -> list[Phase]:
+    ops = saturating_trace(
+        seed, gpus, churn_claims=pods, churn_load=SHARING_CHURN_LOAD, saturation=saturation, mix=SHARING_MIX
+    )
+    return [Phase("trace", ops, True)]
 
 
 # --- what is measured --------------------------------------------------------------------------
