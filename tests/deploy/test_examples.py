@@ -70,3 +70,17 @@ def test_first_available_falls_back_from_h200_to_h100() -> None:
     assert isinstance(on_h200, Allocated) and isinstance(on_h100, Allocated)
     assert [d.request for d in on_h200.devices] == ["gpu/h200"]
     assert [d.request for d in on_h100.devices] == ["gpu/h100"]
+
+
+def test_four_shared_embedders_fit_on_one_l40s() -> None:
+    [(_, spec)] = [(n, s) for n, s in claim_specs() if n.startswith("shared-embedders")]
+    state = fleet("l40s-8")
+    decisions = [
+        state.allocate(Claim(namespace="default", name=f"e{i}", uid=f"u-{i}", spec=spec), CLASSES)
+        for i in range(4)
+    ]
+    assert all(isinstance(d, Allocated) for d in decisions)
+    devices = [d.devices[0] for d in decisions if isinstance(d, Allocated)]
+    assert {d.device for d in devices} == {"gpu-0-shared"}
+    assert all(d.share is not None and d.share.compute_percent == 25 for d in devices)
+    assert all(d.share is not None and d.share.memory_bytes == 10 * 2**30 for d in devices)

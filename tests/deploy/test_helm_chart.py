@@ -69,6 +69,7 @@ NODE_HOST_PATHS = {
     "/var/lib/kubelet/plugins_registry",
     "/var/run/cdi",
     "/",
+    "/run/tangram/mps",  # the MPS control daemons' pipe and log directories
 }
 # Where node provisioning places each node's url file (static node users only).
 NODE_URL_DIR = "/etc/tangram/nats"
@@ -446,6 +447,9 @@ def test_host_paths_only_on_the_node_pod_and_only_the_expected_ones(
     assert mounts["cdi"]["driver-root"]["readOnly"] is True
     assert [c for c, m in mounts.items() if "driver-root" in m] == ["cdi"]
     assert [c for c, m in mounts.items() if "dev" in m] == ["partitioner"]
+    # the MPS pipe directories: written by cdi (which runs the daemons), mounted nowhere else
+    assert [c for c, m in mounts.items() if "mps-root" in m] == ["cdi"]
+    assert mounts["cdi"]["mps-root"]["mountPath"] == "/run/tangram/mps"
     credential = "nats-token" if value_set in CALLOUT_SETS else "nats-credentials"
     for container, used in mounts.items():
         assert used[credential]["readOnly"] is True, container
@@ -1147,3 +1151,22 @@ def test_admission_none_renders_neither(helm: Path) -> None:
         for o in objects
         if "admission" in o["metadata"]["name"] or "scheduling-gate" in o["metadata"]["name"]
     ]
+
+
+def test_sharing_off_takes_nvml_and_the_mps_root_from_the_cdi_container(helm: Path) -> None:
+    on = _pod(_one(rendered_objects(helm, {}), "DaemonSet", "node"))
+    off = _pod(_one(rendered_objects(helm, {"node.sharing.enabled": "false"}), "DaemonSet", "node"))
+
+    def cdi_env(pod: dict[str, Any]) -> dict[str, Any]:
+        [cdi] = [c for c in pod["containers"] if c["name"] == "cdi"]
+        return {e["name"]: e.get("value") for e in cdi["env"]}
+
+    assert cdi_env(on)["TANGRAM_REAL_NVML"] == "1"
+    assert cdi_env(on)["TANGRAM_MPS_ROOT"] == "/run/tangram/mps"
+    assert cdi_env(on)["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+    assert not {"TANGRAM_REAL_NVML", "TANGRAM_MPS_ROOT", "NVIDIA_VISIBLE_DEVICES"} & set(cdi_env(off))
+    assert "mps-root" not in {v["name"] for v in off["volumes"]}
+
+
+def rendered_objects(helm: Path, settings: dict[str, str]) -> list[dict[str, Any]]:
+    return _objects(chart.template([], settings, binary=helm))
