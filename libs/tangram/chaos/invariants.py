@@ -26,8 +26,11 @@ from tangram.events import (
 
 
 def overlapping_allocations(log: Iterable[Event]) -> list[str]:
-    """Replays the claim log: every memory slice (or whole GPU) held by at most one live claim."""
-    held: dict[tuple[str, int], dict[str, set[int]]] = defaultdict(dict)
+    """Replays the claim log: every memory slice (or whole GPU) held by at most one live claim, or
+    only by shares of one share host (several claims may hold shares of one device, never of a
+    device that overlaps another claim's)."""
+    # (node, GPU) -> claim uid -> (slices, the share host it holds a share of, or None)
+    held: dict[tuple[str, int], dict[str, tuple[set[int], str | None]]] = defaultdict(dict)
     problems = []
     for event in log:
         match event:
@@ -43,12 +46,17 @@ def overlapping_allocations(log: Iterable[Event]) -> list[str]:
                             range(device.placement.start, device.placement.start + device.placement.size)
                         )
                     )
-                    for other, taken in held[key].items():
-                        if other != event.uid and taken & slices:
-                            problems.append(
-                                f"{event.uid} and {other} both hold GPU {key} slices {taken & slices}"
-                            )
-                    held[key].setdefault(event.uid, set()).update(slices)
+                    host = device.device if device.share is not None else None
+                    for other, (taken, other_host) in held[key].items():
+                        if other == event.uid or not taken & slices:
+                            continue
+                        if host is not None and host == other_host:
+                            continue
+                        problems.append(
+                            f"{event.uid} and {other} both hold GPU {key} slices {taken & slices}"
+                        )
+                    before = held[key].get(event.uid, (set(), host))[0]
+                    held[key][event.uid] = (before | slices, host)
             case ClaimReleased() | ClaimFailed():
                 for owners in held.values():
                     owners.pop(event.uid, None)
