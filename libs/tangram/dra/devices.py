@@ -183,7 +183,8 @@ def _share_host(domain: str, exclusive: Device) -> Device:
             attrs[name] = value
     # Memory only: a capacity without a request policy is consumed whole by every share (as
     # kube-scheduler counts consumable capacity), so multiprocessors would let one share in.
-    memory = {name: value for name, value in exclusive.capacity.items() if name == qualified(domain, "memory")}
+    memory_name = qualified(domain, "memory")
+    memory = {name: value for name, value in exclusive.capacity.items() if name == memory_name}
     return msgspec.structs.replace(
         exclusive, name=shared_device_name(exclusive.name), attributes=attrs, capacity=memory, shared=True
     )
