@@ -50,9 +50,13 @@ class AliveLease:
         while not stop.is_set():
             try:
                 await self.renew()
-            except (KubeApiError, RuntimeError) as error:  # RuntimeError: the client closed under it
+            except Exception as error:
                 if stop.is_set():
+                    # stopping: the client may have been closed under the request (aiohttp then
+                    # fails it with a RuntimeError, or an AssertionError on its closed connector)
                     return
+                if not isinstance(error, KubeApiError | RuntimeError):
+                    raise
                 self.failures += 1
                 self._lease = None  # read afresh next time
                 if not failing:

@@ -38,7 +38,7 @@ from tangram.events import (
     PartitionFailed,
 )
 from tangram.kubernetes.objects.deviceclasses import load_shipped_device_classes
-from tangram.service import ServiceContext, first, settle
+from tangram.service import ServiceContext, first, reached, settle
 
 if TYPE_CHECKING:
     from services.allocator.kubernetes import ClaimBridge
@@ -258,7 +258,8 @@ async def _serve(
             )
         )
     )
-    await first(inventory_caught_up.wait(), tasks)
+    if not await reached(inventory_caught_up, ctx.stop, tasks):
+        return
     tasks.append(
         asyncio.create_task(ctx.bus.consume(allocator_consumer(), handle, stop=ctx.stop, ready=claims_ready))
     )
@@ -273,12 +274,13 @@ async def _serve(
             )
         )
     )
-    await first(claims_ready.wait(), tasks)
-    await first(results_ready.wait(), tasks)
+    if not await reached(claims_ready, ctx.stop, tasks) or not await reached(results_ready, ctx.stop, tasks):
+        return
     if bridge is not None:
         # Started once the log is folded: what it asks and releases is judged against the ledger.
         tasks.append(asyncio.create_task(bridge.run(ctx.stop)))
-        await first(bridge.synced.wait(), tasks)
+        if not await reached(bridge.synced, ctx.stop, tasks):
+            return
     ctx.ready.set()
     log.info("allocator ready", extra={"policy": settings.policy, "nodes": len(ledger.fleet.node_names)})
     await first(ctx.stop.wait(), tasks)

@@ -8,6 +8,10 @@ import signal
 import socket
 import sys
 
+import pytest
+
+from tangram.service import reached
+
 
 def unused_port() -> int:
     with socket.socket() as s:
@@ -45,3 +49,30 @@ async def test_sigterm_before_nats_is_reached_stops_the_service_with_exit_0() ->
     messages += [json.loads(line)["message"] for line in rest.decode().splitlines() if line.startswith("{")]
     assert code == 0, messages
     assert "stopped while starting" in messages
+
+
+async def test_a_milestone_not_reached_when_the_service_stops_first() -> None:
+    """A service told to stop while it waits for a milestone its stopped tasks will never reach
+    (the allocator waiting for its claim bridge to sync) stops instead of waiting for ever."""
+    milestone, stop = asyncio.Event(), asyncio.Event()
+
+    async def background() -> None:
+        await stop.wait()  # ends on stop, without setting the milestone
+
+    task = asyncio.create_task(background())
+    waiting = asyncio.create_task(reached(milestone, stop, [task]))
+    await asyncio.sleep(0)
+    stop.set()
+    assert await asyncio.wait_for(waiting, 5) is False
+    await task
+    milestone.set()
+    assert await reached(milestone, asyncio.Event(), []) is True
+
+
+async def test_a_failed_task_is_raised_while_waiting_for_a_milestone() -> None:
+    async def failing() -> None:
+        raise RuntimeError("the claims watch failed")
+
+    task = asyncio.create_task(failing())
+    with pytest.raises(RuntimeError, match="the claims watch failed"):
+        await reached(asyncio.Event(), asyncio.Event(), [task])

@@ -74,9 +74,10 @@ def want_on(shape: NodeShape, kind: ClaimKind, eligible: Eligible | None) -> Wan
 
 
 def _prior_devices(shape: NodeShape, kind: ClaimKind) -> tuple[int, ...]:
+    exclusive = [d for d in shape.devices if not d.shared]
     if kind.mig_profile >= 0:
-        return tuple(d.index for d in shape.devices if d.kind == "mig" and d.profile_id == kind.mig_profile)
-    return tuple(d.index for d in shape.devices if d.kind == "gpu")
+        return tuple(d.index for d in exclusive if d.kind == "mig" and d.profile_id == kind.mig_profile)
+    return tuple(d.index for d in exclusive if d.kind == "gpu")
 
 
 def fit(want: Want, free_whole: int, occupied: tuple[int, ...]) -> int:

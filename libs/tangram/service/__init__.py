@@ -8,7 +8,7 @@ from tangram.service.settings import (
     env_flag,
     service_fields,
 )
-from tangram.service.tasks import first, follow_all, settle
+from tangram.service.tasks import first, follow_all, reached, settle
 
 __all__ = [
     "NodeSettings",
@@ -20,6 +20,7 @@ __all__ = [
     "env_flag",
     "first",
     "follow_all",
+    "reached",
     "run_service",
     "serve",
     "service_fields",

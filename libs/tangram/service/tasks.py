@@ -28,6 +28,20 @@ async def first(awaitable: Awaitable[object], tasks: Sequence[asyncio.Task[None]
             await asyncio.gather(waiter, return_exceptions=True)
 
 
+async def reached(milestone: asyncio.Event, stop: asyncio.Event, tasks: Sequence[asyncio.Task[None]]) -> bool:
+    """Wait for `milestone` unless the service stops first (False) or a background task fails
+    first (raised). A service told to stop while it starts must not wait for a milestone that
+    the tasks it stopped will never reach."""
+    watchers = [asyncio.ensure_future(milestone.wait()), asyncio.ensure_future(stop.wait())]
+    try:
+        await first(asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED), tasks)
+    finally:
+        for watcher in watchers:
+            watcher.cancel()
+        await asyncio.gather(*watchers, return_exceptions=True)
+    return milestone.is_set()
+
+
 async def settle(tasks: Sequence[asyncio.Task[None]]) -> None:
     """Wait for every task (the service is stopping); the first failure among them is raised."""
     outcomes = await asyncio.gather(*tasks, return_exceptions=True)
