@@ -24,14 +24,14 @@ from typing import Any
 
 import msgspec
 
-from tangram.allocation.eligibility import NodeEligibility
+from tangram.allocation.eligibility import Eligible, NodeEligibility
 from tangram.allocation.holdings import Holdings
 from tangram.allocation.model import Allocated, Claim, Decision, Failed, PartitionPlan, Policy
 from tangram.allocation.node import NodeState
 from tangram.allocation.nodeindex import NodeIndex
 from tangram.allocation.plans import disable_mig_plan, mig_plan
 from tangram.allocation.requests import Alternative, ClaimError, ResolvedClaim
-from tangram.allocation.shape import DeviceShape, placement_loss
+from tangram.allocation.shape import DeviceShape, NodeShape, placement_loss
 from tangram.dra.sharing import counted_compute, share_id, share_memory, share_of
 from tangram.events.catalogue import AllocatedDevice, DeviceShare
 
@@ -124,24 +124,26 @@ def place_share(
     best: _Pick | None = None
     refusals: list[tuple[tuple[Any, ...], str]] = []
     candidates = 0
-    for name in sorted(nodes.by_name):
-        node = nodes.by_name[name]
-        if not node.shape.has_share_hosts:
-            continue
+    selected: dict[int, tuple[Eligible, _Hosts]] = {}  # by the eligible set (one per shape), kept alive
+    for node, opens in _candidates(nodes):
         eligible = eligibility.for_claim(node, alt)
-        hosts = [node.shape.devices[d] for d in eligible.devices if node.shape.devices[d].shared]
-        if not hosts:
+        found = selected.get(id(eligible))
+        if found is None:
+            found = selected[id(eligible)] = (eligible, _Hosts.of(node.shape, eligible))
+        hosts = found[1]
+        if not hosts.devices:
             continue
         candidates += 1
-        picks = list(_picks(node, hosts, ask, policy))
+        picks = list(_picks(node, hosts, ask, policy, opens=opens))
         if not picks:
             refusals.append(_refusal(node, hosts, ask))
             continue
-        pick = picks[0] if policy == "first-fit" else min(picks, key=lambda p: p.rank)
-        if best is None or (policy != "first-fit" and pick.rank < best.rank):
-            best = pick
         if policy == "first-fit":
+            best = min(picks, key=lambda p: p.device.index)
             break
+        pick = min(picks, key=lambda p: p.rank)
+        if best is None or pick.rank < best.rank:
+            best = pick
     if best is None:
         refusals.sort()
         listed = "; ".join(text for _, text in refusals[:_REASONS_LISTED])
@@ -164,21 +166,60 @@ def place_share(
     )
 
 
-def _picks(node: NodeState, hosts: list[DeviceShape], ask: DeviceShare, policy: Policy) -> Iterable[_Pick]:
+@dataclass(frozen=True, slots=True)
+class _Hosts:
+    """The share hosts a request may take on nodes of one shape."""
+
+    devices: tuple[DeviceShape, ...]
+    indexes: frozenset[int]
+    largest: int  # bytes: the most memory one of them has
+
+    @classmethod
+    def of(cls, shape: NodeShape, eligible: Eligible) -> _Hosts:
+        devices = tuple(shape.devices[d] for d in eligible.devices if shape.devices[d].shared)
+        return cls(devices, frozenset(d.index for d in devices), max((d.memory for d in devices), default=0))
+
+
+def _candidates(nodes: NodeIndex) -> list[tuple[NodeState, bool]]:
+    """The nodes a share could go to, in name order, and whether a host may be opened there.
+
+    A share joins an open host, so every node carrying shares is a candidate for joining. Opening
+    one depends on nothing but the node's state, which nodes of one group (NodeState.group_key:
+    hardware and what is taken on it) share: the group's first node in name order stands for the
+    others. That keeps a decision at a few dozen nodes on a fleet of thousands, and first-fit still
+    finds the first node in name order with room (a node's group comes no later than itself).
+    """
+    nodes.reindex_changed()
+    chosen: dict[str, bool] = {}
+    for members in nodes.demand.groups.values():
+        node = nodes.by_name.get(members[0])
+        if node is not None and node.shape.has_share_hosts:
+            chosen[node.name] = True
+    for name, node in nodes.by_name.items():
+        if node.hosts:
+            chosen.setdefault(name, False)
+    return [(nodes.by_name[name], chosen[name]) for name in sorted(chosen)]
+
+
+def _picks(
+    node: NodeState, hosts: _Hosts, ask: DeviceShare, policy: Policy, *, opens: bool
+) -> Iterable[_Pick]:
     free_whole = sum(node.whole_free.values())
     memory, compute = ask.memory_bytes, counted_compute(ask)
-    for device in hosts:
-        host = node.hosts.get(device.index)
-        if host is not None:
-            if host.strategy != ask.strategy:
-                continue
-            memory_left = device.memory - host.memory_used - memory
-            compute_left = 100 - host.compute_used - compute
-            if memory_left < 0 or compute_left < 0:
-                continue
-            rank: tuple[Any, ...] = (0, memory_left, compute_left, device.memory, free_whole, device.index)
-            yield _Pick(rank, node, device, opens=False)
-        elif device.memory >= memory and node.openable(device):
+    for index, host in node.hosts.items():
+        if index not in hosts.indexes or host.strategy != ask.strategy:
+            continue
+        device = node.shape.devices[index]
+        memory_left = device.memory - host.memory_used - memory
+        compute_left = 100 - host.compute_used - compute
+        if memory_left < 0 or compute_left < 0:
+            continue
+        rank: tuple[Any, ...] = (0, memory_left, compute_left, device.memory, free_whole, device.index)
+        yield _Pick(rank, node, device, opens=False)
+    if not opens:
+        return
+    for device in hosts.devices:
+        if device.memory >= memory and node.openable(device):
             yield _Pick(_open_rank(node, device, free_whole, policy), node, device, opens=True)
 
 
@@ -205,10 +246,11 @@ def _open_rank(node: NodeState, device: DeviceShape, free_whole: int, policy: Po
     return (1, takes_whole, nvlink_peer, size, spoiled, free_whole, device.index)
 
 
-def _refusal(node: NodeState, hosts: list[DeviceShape], ask: DeviceShare) -> tuple[tuple[Any, ...], str]:
+def _refusal(node: NodeState, hosts: _Hosts, ask: DeviceShare) -> tuple[tuple[Any, ...], str]:
     """Why the node has no room: the most memory left on a host of the same strategy, the compute
     left there, and whether a fresh host could be opened."""
-    open_hosts = [(d, node.hosts[d.index]) for d in hosts if d.index in node.hosts]
+    devices = node.shape.devices
+    open_hosts = [(devices[i], h) for i, h in node.hosts.items() if i in hosts.indexes]
     same = [(d, h) for d, h in open_hosts if h.strategy == ask.strategy]
     parts: list[str] = []
     if same:
@@ -220,11 +262,10 @@ def _refusal(node: NodeState, hosts: list[DeviceShape], ask: DeviceShare) -> tup
     others = len(open_hosts) - len(same)
     if others:
         plural = others != 1
-        devices = f"{others} shared device{'s' if plural else ''}"
-        parts.append(f"{devices} run{'' if plural else 's'} another strategy")
-    largest = max((d.memory for d in hosts), default=0)
-    if largest < ask.memory_bytes:
-        parts.append(f"its largest shared device has {gib(largest)} GiB")
+        devices_text = f"{others} shared device{'s' if plural else ''}"
+        parts.append(f"{devices_text} run{'' if plural else 's'} another strategy")
+    if hosts.largest < ask.memory_bytes:
+        parts.append(f"its largest shared device has {gib(hosts.largest)} GiB")
     else:
         parts.append("no shared device is free to open")
     left = max((d.memory - h.memory_used for d, h in same), default=0)
