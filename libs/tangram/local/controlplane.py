@@ -20,11 +20,14 @@ import hashlib
 import json
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -334,7 +337,35 @@ class ControlPlane:
             token=Path(ready["token_file"]).read_text().strip(),
             scheduler=f"https://127.0.0.1:{scheduler}",
         )
+        self._await_scheduler_synced(deadline)
         return self
+
+    @property
+    def scheduler_ca(self) -> Path:
+        """The certificate kube-scheduler made for itself and serves its secure port with."""
+        return self.data_dir / "pki" / "scheduler" / "kube-scheduler.crt"
+
+    def _await_scheduler_synced(self, deadline: float) -> None:
+        """Healthy is not ready: kube-scheduler binds nothing until its informers have synced
+        (`/readyz`, check sched-handler-sync), which on a loaded machine took longer than a test
+        waits for its first pod."""
+        assert self._endpoints is not None
+        context = ssl.create_default_context(cafile=str(self.scheduler_ca))
+        context.check_hostname = False  # its certificate names no 127.0.0.1
+        last = ""
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(  # noqa: S310 - the scheduler's own https URL
+                    f"{self._endpoints.scheduler}/readyz", context=context, timeout=5
+                ) as answer:
+                    if answer.status == 200:
+                        return
+            except (OSError, urllib.error.URLError) as error:
+                last = str(error)
+            time.sleep(0.1)
+        tail = self._log_tail()
+        self._terminate()
+        raise ControlPlaneError(f"kube-scheduler not ready ({last}); last log lines:\n{tail}")
 
     def _read_output(self) -> None:
         process = self._process

@@ -295,7 +295,7 @@ async def run_synthetic(
     try:
         layout = await publish_fleet(api, hardware, labels={RUN_LABEL: namespace})
         async with deciding_allocator(plane.kubeconfig, hardware, decider) as allocator:
-            idle = [scheduler_idle(plane.endpoints.scheduler, plane.token, scheduler_ca(plane))]
+            idle = [scheduler_idle(plane.endpoints.scheduler, plane.token, plane.scheduler_ca)]
             if allocator is not None:
                 idle.append(allocator_idle(allocator.health_port))
             figures = await _measure(
@@ -411,11 +411,6 @@ async def _follow(
         return str(listed["metadata"].get("resourceVersion", ""))
 
     await list_then_watch(what, relist, list_call, on_change, stop, watch_timeout_s=300, request_timeout_s=60)
-
-
-def scheduler_ca(plane: ControlPlane) -> Path:
-    """The certificate kube-scheduler made for itself and serves /metrics with."""
-    return plane.data_dir / "pki" / "scheduler" / "kube-scheduler.crt"
 
 
 async def _claims_gone(api: Any, namespace: str, remaining: int) -> None:
