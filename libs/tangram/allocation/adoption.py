@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from tangram.allocation.holdings import Holdings
 from tangram.allocation.model import Allocated
 from tangram.allocation.nodeindex import NodeIndex
+from tangram.allocation.plans import allocated_device
 from tangram.dra.sharing import share_id, share_memory, share_of
 from tangram.events.catalogue import AllocatedDevice, DeviceShare
 
@@ -66,25 +67,13 @@ def adopt_prepared(
         if not shared and index in node.allocated and node.allocated[index] != claim_uid:
             conflicts.append(name)
             continue
-        device = node.devices[index]
-        allocated.append(
-            AllocatedDevice(
-                request=request,
-                driver=driver,
-                pool=node.pool,
-                device=name,
-                gpu_index=device.gpu_index,
-                gpu_uuid=device.gpu_uuid,
-                profile=device.profile,
-                profile_id=device.profile_id,
-                placement=device.placement,
-                share=(
-                    (shares or {}).get(name)
-                    or share_of(share_id(claim_uid, name), None, memory=share_memory(None, None))
-                    if shared
-                    else None
-                ),
+        share = None
+        if shared:
+            share = (shares or {}).get(name) or share_of(
+                share_id(claim_uid, name), None, memory=share_memory(None, None)
             )
+        allocated.append(
+            allocated_device(node.devices[index], request=request, driver=driver, pool=node.pool, share=share)
         )
         taken.append(name)
     decision = Allocated(claim_uid=claim_uid, node=node_name, devices=allocated)

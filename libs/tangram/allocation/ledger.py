@@ -18,6 +18,7 @@ from tangram.allocation.fleet import FleetState
 from tangram.allocation.model import Allocated, Claim, PartitionPlan, Policy, Release, internal_failure
 from tangram.allocation.spec import DeviceClass
 from tangram.dra.config import SHARING_KIND, SharingConfig, parse_sharing_config
+from tangram.dra.names import names_result
 from tangram.dra.sharing import read_share
 from tangram.events import (
     CLAIMS_STREAM,
@@ -588,7 +589,7 @@ def _allocated_shares(allocation: dict[str, Any], claim_uid: str, driver: str) -
         request = str(entry.get("request", ""))
         chosen = None
         for names, config in rules:
-            if not names or request in names or request.split("/", maxsplit=1)[0] in names:
+            if names_result(names, request):
                 chosen = config
         try:
             share = read_share(entry, where=f"results[{position}]", claim_uid=claim_uid, config=chosen)

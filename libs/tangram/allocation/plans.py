@@ -14,7 +14,7 @@ from tangram.allocation.placement import Choice, DemandIndex, fit_state, options
 from tangram.allocation.requests import ResolvedClaim
 from tangram.allocation.solver import Solution
 from tangram.dra.model import Device
-from tangram.events.catalogue import AllocatedDevice
+from tangram.events.catalogue import AllocatedDevice, DeviceShare
 from tangram.events.inventory import MigPlacement
 
 Reconfiguration = tuple[Choice, list[tuple[int, ExistingInstance]]]
@@ -43,17 +43,8 @@ def commit(
         for d in choice:
             device = node.devices[d]
             devices.append(
-                AllocatedDevice(
-                    request=alt.result_name,
-                    driver=driver,
-                    pool=node.pool,
-                    device=device.name,
-                    gpu_index=device.gpu_index,
-                    gpu_uuid=device.gpu_uuid,
-                    profile=device.profile,
-                    profile_id=device.profile_id,
-                    placement=device.placement,
-                    admin_access=alt.admin,
+                allocated_device(
+                    device, request=alt.result_name, driver=driver, pool=node.pool, admin=alt.admin
                 )
             )
             if alt.admin:
@@ -88,6 +79,31 @@ def commit(
     nodes.reindex(node)
     holdings.hold(decision, tuple(shape.devices[d].name for d in taken))
     return decision
+
+
+def allocated_device(
+    device: Device,
+    *,
+    request: str,
+    driver: str,
+    pool: str,
+    admin: bool = False,
+    share: DeviceShare | None = None,
+) -> AllocatedDevice:
+    """A device of the node as a decision records it (a share when `share` is given)."""
+    return AllocatedDevice(
+        request=request,
+        driver=driver,
+        pool=pool,
+        device=device.name,
+        gpu_index=device.gpu_index,
+        gpu_uuid=device.gpu_uuid,
+        profile=device.profile,
+        profile_id=device.profile_id,
+        placement=device.placement,
+        admin_access=admin,
+        share=share,
+    )
 
 
 def reconfiguration(

@@ -29,11 +29,11 @@ from tangram.allocation.holdings import Holdings
 from tangram.allocation.model import Allocated, Claim, Decision, Failed, PartitionPlan, Policy
 from tangram.allocation.node import NodeState
 from tangram.allocation.nodeindex import NodeIndex
-from tangram.allocation.plans import disable_mig_plan, mig_plan
+from tangram.allocation.plans import allocated_device, disable_mig_plan, mig_plan
 from tangram.allocation.requests import Alternative, ClaimError, ResolvedClaim
 from tangram.allocation.shape import DeviceShape, NodeShape, placement_loss
 from tangram.dra.sharing import counted_compute, share_id, share_memory, share_of
-from tangram.events.catalogue import AllocatedDevice, DeviceShare
+from tangram.events.catalogue import DeviceShare
 
 _REASONS_LISTED = 4  # nodes named in a failure's reason
 
@@ -297,16 +297,11 @@ def _commit(
     )
     if creates:
         partitions.append(mig_plan(device))
-    allocated = AllocatedDevice(
+    allocated = allocated_device(
+        device,
         request=alt.result_name,
         driver=driver,
         pool=node.pool,
-        device=device.name,
-        gpu_index=device.gpu_index,
-        gpu_uuid=device.gpu_uuid,
-        profile=device.profile,
-        profile_id=device.profile_id,
-        placement=device.placement,
         share=msgspec.structs.replace(ask, id=share_id(claim.uid, device.name)),
     )
     notes: list[str] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 
 STANDARD_DOMAIN = "resource.kubernetes.io"
 PCIE_ROOT = f"{STANDARD_DOMAIN}/pcieRoot"
@@ -45,3 +46,10 @@ def memory_slice_counter(slice_index: int) -> str:
 
 def qualified(domain: str, name: str) -> str:
     return f"{domain}/{name}"
+
+
+def names_result(requests: Collection[str] | None, result_request: str) -> bool:
+    """Whether a config or constraint naming `requests` (None or empty: every request) binds an
+    allocation result of `result_request`: naming a request binds its subrequests too (results
+    name `request/subrequest`)."""
+    return not requests or result_request in requests or result_request.split("/", maxsplit=1)[0] in requests

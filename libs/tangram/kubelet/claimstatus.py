@@ -23,6 +23,7 @@ from tangram.dra.config import (
     parse_topology_config,
 )
 from tangram.dra.model import Device
+from tangram.dra.names import names_result
 from tangram.dra.sharing import read_share
 from tangram.events import DeviceShare, NodeHardware
 
@@ -140,11 +141,7 @@ def _with_share(
     """A share host's result with its share; any other result as it is."""
     config = None
     for rule in sharing:
-        if (
-            rule.requests is None
-            or result.request in rule.requests
-            or (result.request.split("/", maxsplit=1)[0] in rule.requests)
-        ):
+        if names_result(rule.requests, result.request):
             config = rule.config
     try:
         share = read_share(
@@ -201,15 +198,6 @@ def _configs(
     return tuple(rules), sharing
 
 
-def _covered(rule: TopologyRule, request: str) -> bool:
-    """A rule naming a request binds its subrequests too (results name `request/subrequest`)."""
-    return (
-        rule.requests is None
-        or request in rule.requests
-        or request.split("/", maxsplit=1)[0] in rule.requests
-    )
-
-
 def check_topology(
     allocation: ClaimAllocation, devices: dict[str, Device], hardware: NodeHardware, claim: ClaimRef
 ) -> None:
@@ -219,7 +207,13 @@ def check_topology(
         config = rule.config
         if config.interconnect != "NVLink" and config.minPairBandwidthGBps <= 0:
             continue
-        gpus = sorted({devices[r.device].gpu_index for r in allocation.results if _covered(rule, r.request)})
+        gpus = sorted(
+            {
+                devices[r.device].gpu_index
+                for r in allocation.results
+                if names_result(rule.requests, r.request)
+            }
+        )
         for a, b in combinations(gpus, 2):
             link = links.get((a, b))
             if config.interconnect == "NVLink" and (link is None or link.nvlinks == 0):
