@@ -5,26 +5,23 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
-
-import msgspec
 
 from tangram.allocation import FleetState
 from tangram.allocation.ledger import Ledger
 from tangram.cli.explain import render
 from tangram.cli.logsource import device_classes
 from tangram.eventlog.explain import Explanation, losses_in
-from tangram.eventlog.records import EventLog, LogHeader, extents, record, write_log
 from tangram.eventlog.replay import Outcome
 from tangram.events import (
     ClaimPrepared,
     Event,
     PartitionApplied,
     PartitionRequested,
-    encode,
 )
 from tests.allocator.helpers import inventory, mig, request
+from tests.eventlog.stored import write_stored
 
 START = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 
@@ -58,20 +55,7 @@ def make_log(path: Path) -> list[Event]:
     )
     impossible = request(2, mig("9g.999gb"), namespace="ml")
     stored += [impossible, *ledger.apply(impossible)]
-    records = []
-    sequences: dict[str, int] = {}
-    for position, original in enumerate(stored):
-        event = msgspec.structs.replace(original, time=START + timedelta(milliseconds=10 * position))
-        stored[position] = event
-        sequences[event.stream] = sequences.get(event.stream, 0) + 1
-        records.append(
-            record(event.stream, sequences[event.stream], event.subject, event.time, encode(event))
-        )
-    header = LogHeader(
-        tangram_version="0.1.0", exported_at=START + timedelta(minutes=1), streams=extents(records)
-    )
-    write_log(path, EventLog(header=header, records=records))
-    return stored
+    return write_stored(path, stored, START)
 
 
 def explain(path: Path, claim: str) -> dict[str, object]:

@@ -6,19 +6,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-
-import msgspec
 
 from tangram.allocation import FleetState
 from tangram.allocation.ledger import Ledger
 from tangram.cli.logsource import device_classes
-from tangram.eventlog.records import EventLog, LogHeader, extents, read_log, record, write_log
+from tangram.eventlog.records import read_log
 from tangram.eventlog.replay import replay
-from tangram.events import ClaimAllocated, ClaimReleased, Event, encode
+from tangram.events import ClaimAllocated, ClaimReleased, Event
 from tests.allocator.helpers import inventory, request
+from tests.eventlog.stored import write_stored
 
 START = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 
@@ -49,20 +48,7 @@ def make_log(path: Path) -> list[Event]:
     stored += [released, *ledger.apply(released)]
     again = request(6, share(20), namespace="ml")
     stored += [again, *ledger.apply(again)]
-    records = []
-    sequences: dict[str, int] = {}
-    for position, original in enumerate(stored):
-        event = msgspec.structs.replace(original, time=START + timedelta(milliseconds=10 * position))
-        stored[position] = event
-        sequences[event.stream] = sequences.get(event.stream, 0) + 1
-        records.append(
-            record(event.stream, sequences[event.stream], event.subject, event.time, encode(event))
-        )
-    header = LogHeader(
-        tangram_version="0.1.0", exported_at=START + timedelta(minutes=1), streams=extents(records)
-    )
-    write_log(path, EventLog(header=header, records=records))
-    return stored
+    return write_stored(path, stored, START)
 
 
 def test_a_log_of_shares_replays_without_a_divergence(tmp_path: Path) -> None:
