@@ -17,9 +17,7 @@ import msgspec
 from tangram.allocation.fleet import FleetState
 from tangram.allocation.model import Allocated, Claim, PartitionPlan, Policy, Release, internal_failure
 from tangram.allocation.spec import DeviceClass
-from tangram.dra.config import SHARING_KIND, SharingConfig, parse_sharing_config
-from tangram.dra.names import names_result
-from tangram.dra.sharing import read_share
+from tangram.dra.sharing import allocation_shares
 from tangram.events import (
     CLAIMS_STREAM,
     ClaimAllocated,
@@ -28,7 +26,6 @@ from tangram.events import (
     ClaimReleased,
     ClaimRequested,
     ClaimUnprepared,
-    DeviceShare,
     Event,
     InvalidKey,
     MigPlacement,
@@ -392,7 +389,7 @@ class Ledger:
         self.decided.pop(uid, None)
         self.outside[uid] = node
         taken_twice = self.fleet.adopt_prepared(
-            uid, node, devices, _allocated_shares(allocation, uid, self.fleet.driver)
+            uid, node, devices, allocation_shares(allocation, uid, self.fleet.driver)
         )
         self.conflicts.extend(
             f"device {name} of node {node}: allocated to claim {request.namespace}/{request.name} "
@@ -559,45 +556,6 @@ def _allocated_devices(allocation: dict[str, Any], driver: str) -> tuple[str | N
         if pool == node:
             found.append((request, device))
     return node, found
-
-
-def _allocated_shares(allocation: dict[str, Any], claim_uid: str, driver: str) -> dict[str, DeviceShare]:
-    """The shares of share hosts in a status.allocation another writer made, as its node reads them
-    (shareID, consumedCapacity, the SharingConfig); a part that does not read is left to the
-    device's default share: holding the device matters more here than the size of the share."""
-    devices = allocation.get("devices") if isinstance(allocation, dict) else None
-    results = devices.get("results") if isinstance(devices, dict) else None
-    configs = devices.get("config") if isinstance(devices, dict) else None
-    rules: list[tuple[list[str], SharingConfig]] = []
-    for entry in configs if isinstance(configs, list) else []:
-        opaque = entry.get("opaque") if isinstance(entry, dict) else None
-        parameters = opaque.get("parameters") if isinstance(opaque, dict) else None
-        if not isinstance(opaque, dict) or opaque.get("driver") != driver or not isinstance(parameters, dict):
-            continue
-        if parameters.get("kind") != SHARING_KIND:
-            continue
-        try:
-            config = parse_sharing_config(parameters, "config")
-        except ValueError:
-            continue
-        names = entry.get("requests")
-        rules.append(([str(n) for n in names] if isinstance(names, list) else [], config))
-    shares: dict[str, DeviceShare] = {}
-    for position, entry in enumerate(results if isinstance(results, list) else []):
-        if not isinstance(entry, dict) or entry.get("driver") != driver:
-            continue
-        request = str(entry.get("request", ""))
-        chosen = None
-        for names, config in rules:
-            if names_result(names, request):
-                chosen = config
-        try:
-            share = read_share(entry, where=f"results[{position}]", claim_uid=claim_uid, config=chosen)
-        except ValueError:
-            continue
-        if share is not None:
-            shares[str(entry.get("device"))] = share
-    return shares
 
 
 def _token_or_none(node: str) -> str | None:

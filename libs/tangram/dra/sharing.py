@@ -14,9 +14,9 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from tangram.dra.config import SharingConfig
+from tangram.dra.config import SHARING_KIND, SharingConfig, parse_sharing_config
 from tangram.dra.devices import SHARE_MEMORY_DEFAULT, SHARE_MEMORY_STEP
-from tangram.dra.names import SHARED_SUFFIX
+from tangram.dra.names import SHARED_SUFFIX, names_result
 from tangram.events.catalogue import DeviceShare
 from tangram.quantity import ceil_quantity
 
@@ -90,3 +90,42 @@ def read_share(
             except ValueError as error:
                 raise ValueError(f"{where}.consumedCapacity.memory: {error}") from None
     return share_of(identifier, config, memory=share_memory(requested, config))
+
+
+def allocation_shares(allocation: dict[str, Any], claim_uid: str, driver: str) -> dict[str, DeviceShare]:
+    """The shares of share hosts in a status.allocation another writer made, as its node reads them
+    (shareID, consumedCapacity, the SharingConfig); a part that does not read is left to the
+    device's default share: holding the device matters more here than the size of the share."""
+    devices = allocation.get("devices") if isinstance(allocation, dict) else None
+    results = devices.get("results") if isinstance(devices, dict) else None
+    configs = devices.get("config") if isinstance(devices, dict) else None
+    rules: list[tuple[list[str], SharingConfig]] = []
+    for entry in configs if isinstance(configs, list) else []:
+        opaque = entry.get("opaque") if isinstance(entry, dict) else None
+        parameters = opaque.get("parameters") if isinstance(opaque, dict) else None
+        if not isinstance(opaque, dict) or opaque.get("driver") != driver or not isinstance(parameters, dict):
+            continue
+        if parameters.get("kind") != SHARING_KIND:
+            continue
+        try:
+            config = parse_sharing_config(parameters, "config")
+        except ValueError:
+            continue
+        names = entry.get("requests")
+        rules.append(([str(n) for n in names] if isinstance(names, list) else [], config))
+    shares: dict[str, DeviceShare] = {}
+    for position, entry in enumerate(results if isinstance(results, list) else []):
+        if not isinstance(entry, dict) or entry.get("driver") != driver:
+            continue
+        request = str(entry.get("request", ""))
+        chosen = None
+        for names, config in rules:
+            if names_result(names, request):
+                chosen = config
+        try:
+            share = read_share(entry, where=f"results[{position}]", claim_uid=claim_uid, config=chosen)
+        except ValueError:
+            continue
+        if share is not None:
+            shares[str(entry.get("device"))] = share
+    return shares
