@@ -1,6 +1,8 @@
-"""Asking the allocator about Kubernetes claims, fairly across namespaces, a bounded number at a time.
+"""Asking the allocator about Kubernetes claims, by priority and fairly across namespaces, a
+bounded number at a time.
 
-Each namespace waits in its own line and the lines take turns (`FairQueue`); at most
+Claims of a higher priority are asked first; among one priority, each namespace waits in its own
+line and the lines take turns (`FairQueue`); at most
 `max_in_flight` claims are asked and not yet answered (decided, and the decision written back).
 A namespace that floods the cluster with claims therefore delays another namespace's claim by
 about `max_in_flight` answers plus one per waiting namespace, never by the length of its flood.
@@ -55,9 +57,10 @@ class FairAsker:
     def waiting_count(self) -> int:
         return len(self._waiting)
 
-    def enqueue(self, namespace: str, uid: str) -> None:
-        """Ask about the claim when its namespace's turn comes (once, however often it is put)."""
-        self._waiting.push(namespace, uid)
+    def enqueue(self, namespace: str, uid: str, priority: int = 0) -> None:
+        """Ask about the claim when its namespace's turn comes among the claims of its priority,
+        after every claim of a higher priority (once, however often it is put)."""
+        self._waiting.push(namespace, uid, priority)
         self._wake.set()
 
     def discard(self, uid: str) -> None:

@@ -20,7 +20,7 @@ from services.allocator.clusterview import WRITE_TRIES, ClusterView, key_of, uid
 from services.allocator.gates import PodGates
 from services.allocator.requester import ClaimRequester
 from tangram.allocation.ledger import Ledger
-from tangram.events import ClaimAllocated, ClaimFailed, Event
+from tangram.events import ClaimAllocated, ClaimFailed, ClaimRequested, Event
 from tangram.events.ids import derived_id
 from tangram.kubernetes.api import KubeApiError, call_json
 from tangram.kubernetes.api.events import record_event
@@ -112,7 +112,7 @@ class ClaimWriter:
                 if not same_allocation(current, allocation) and uid not in self._adopted:
                     # someone else allocated it first: theirs stands, the ledger undoes ours
                     self._adopted.add(uid)
-                    await self._publish(claim_adopted(claim, self._view.classes, producer=self._producer))
+                    await self._publish(self._adopted_request(claim))
                 break
             taken = taken_by_others(uid, allocation, self._view.claims.holding(held_devices(allocation)))
             if taken:
@@ -167,7 +167,13 @@ class ClaimWriter:
             return
         self._adopted.add(uid)
         self._requester.adopted(uid)
-        await self._publish(claim_adopted(claim, self._view.classes, producer=self._producer))
+        await self._publish(self._adopted_request(claim))
+
+    def _adopted_request(self, claim: dict[str, Any]) -> ClaimRequested:
+        """The request telling the ledger of the claim's allocation, with its pods' priority."""
+        return claim_adopted(
+            claim, self._view.classes, producer=self._producer, priority=self._requester.standing(claim)[0]
+        )
 
     def _ours(self, uid: str, allocation: dict[str, Any]) -> bool:
         """The allocation is the one the ledger decided (written by this allocator)."""
@@ -185,7 +191,7 @@ class ClaimWriter:
             # Failed after its allocation was written (its MIG instance could not be made): the
             # allocation stands in the API server and the node prepares it, so the ledger holds
             # its devices again rather than give them to another claim.
-            await self._publish(claim_adopted(claim, self._view.classes, producer=self._producer))
+            await self._publish(self._adopted_request(claim))
         else:
             self._requester.failed(failed.uid, failed.cause)
         if self._warned.get(failed.uid) == failed.reason:

@@ -45,11 +45,13 @@ from services.allocator.asking import MAX_IN_FLIGHT, FairAsker
 from services.allocator.claimwriter import ClaimWriter
 from services.allocator.clusterview import ClaimsSeen, ClusterView, Key, key_of, older, uid_of
 from services.allocator.gates import PodGates
+from services.allocator.preemptions import Preemptions
 from services.allocator.requester import ClaimRequester
 from tangram.allocation.ledger import Ledger
 from tangram.events import (
     ClaimAllocated,
     ClaimFailed,
+    ClaimPreempting,
     ClaimReleased,
     ClaimRequested,
     Event,
@@ -107,6 +109,16 @@ class ClaimBridge:
             self._view, ledger, publish, producer=producer, max_in_flight=max_in_flight
         )
         self._gates = PodGates(self._core, self._view, self._ask, request_timeout_s=request_timeout_s)
+        self._preemptions = Preemptions(
+            api,
+            self._view,
+            self._gates,
+            ledger,
+            self._retry_pending,
+            request_timeout_s=request_timeout_s,
+            watch_timeout_s=watch_timeout_s,
+        )
+        self._requester.standing = self._preemptions.standing
         self._writer = ClaimWriter(
             self._view,
             self._requester,
@@ -183,7 +195,7 @@ class ClaimBridge:
                     running.add(retry)
                     retry.add_done_callback(running.discard)
                 uid = event.uid if isinstance(event, ClaimRequested) else None
-                acts = [o for o in outputs if isinstance(o, ClaimAllocated | ClaimFailed)]
+                acts = [o for o in outputs if isinstance(o, ClaimAllocated | ClaimFailed | ClaimPreempting)]
                 if not acts and uid is None:
                     continue
                 await slots.acquire()
@@ -206,7 +218,7 @@ class ClaimBridge:
 
     async def _act(
         self,
-        acts: list[ClaimAllocated | ClaimFailed],
+        acts: list[ClaimAllocated | ClaimFailed | ClaimPreempting],
         asked: str | None,
         before: list[asyncio.Task[None]],
         slots: asyncio.Semaphore,
@@ -217,6 +229,8 @@ class ClaimBridge:
             for act in acts:
                 if isinstance(act, ClaimAllocated):
                     await self._write(act)
+                elif isinstance(act, ClaimPreempting):
+                    await self._preemptions.preempt(act)
                 else:
                     await self._failed(act)
         except KubeApiError as error:
@@ -252,6 +266,7 @@ class ClaimBridge:
             asyncio.create_task(self._gates.run(stop)),
         ]
         tasks += [asyncio.create_task(self._follow(*follow, stop)) for follow in follows]
+        tasks.append(asyncio.create_task(self._preemptions.follow_budgets(stop)))
         for state in CLAIM_STATES:  # read when scraped, from the bridge that leads now
             CLAIMS.labels(state).set_function(functools.partial(self._claims_in, state))
         try:
@@ -397,6 +412,7 @@ class ClaimBridge:
         """After the first listing as leader: claims the ledger holds that were deleted meanwhile."""
         for ref in self._requester.gone_while_away():
             await self._release(ref)
+        await self._preemptions.resume()
 
     # --- pods ---------------------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from typing import Any
 from services.allocator.asking import FairAsker
 from services.allocator.clusterview import ClusterView, Key, key_of, uid_of
 from tangram.allocation.ledger import Ledger
-from tangram.events import ClaimReleased, ClaimRequested, Event, FailureCause
+from tangram.events import ClaimReleased, ClaimRequested, Event, FailureCause, PreemptionPolicy
 from tangram.kubernetes.objects.claimbridge import (
     ClaimRef,
     allocation_status,
@@ -26,6 +26,13 @@ from tangram.kubernetes.objects.claimbridge import (
 )
 
 Publish = Callable[[Event], Awaitable[object]]
+# A claim's priority, preemption policy and the claims it may not preempt now (from its pods and
+# the disruption budgets: `services.allocator.preemptions.Preemptions.standing`).
+Standing = Callable[[dict[str, Any]], tuple[int, PreemptionPolicy, list[str]]]
+
+
+def unranked(claim: dict[str, Any]) -> tuple[int, PreemptionPolicy, list[str]]:
+    return 0, "PreemptLowerPriority", []
 
 
 class ClaimRequester:
@@ -37,8 +44,10 @@ class ClaimRequester:
         *,
         producer: str,
         max_in_flight: int,
+        standing: Standing = unranked,
     ) -> None:
         self._view = view
+        self.standing = standing
         self._ledger = ledger
         self._producer = producer
         self._requested: dict[str, int] = {}  # uid -> the attempt asked last
@@ -59,14 +68,21 @@ class ClaimRequester:
         self._attempts[uid] = attempt
         self._requested[uid] = attempt
         self._known.add(uid)
-        self.asker.enqueue(key_of(claim)[0], uid)
+        self.asker.enqueue(key_of(claim)[0], uid, self.standing(claim)[0])
 
     def request_for(self, uid: str) -> ClaimRequested | None:
         claim = self.claim_by_uid(uid)
         if claim is None or classify(claim, self._view.classes) != "tangram":
             return None  # deleted, or no longer Tangram's, while it waited
+        priority, policy, protected = self.standing(claim)
         return claim_requested(
-            claim, self._view.classes, producer=self._producer, attempt=self._attempts[uid]
+            claim,
+            self._view.classes,
+            producer=self._producer,
+            attempt=self._attempts[uid],
+            priority=priority,
+            preemption_policy=policy,
+            protected=protected,
         )
 
     def knows(self, uid: str) -> bool:
@@ -131,6 +147,7 @@ class ClaimRequester:
         those no node could hold, once the fleet's nodes are not the ones they failed on."""
         nodes = frozenset(self._ledger.fleet.node_names)
         retry = sorted(self._pending) + sorted(uid for uid, seen in self._unfit.items() if seen != nodes)
+        # the highest priority first: the asker serves by priority, and so the retries go out
         for uid in retry:
             if self.asker.waiting(uid):
                 continue  # asked again already, and still waiting for its turn

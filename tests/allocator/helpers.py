@@ -19,6 +19,8 @@ from tangram.events import (
     Event,
     NodeHardware,
     NodeInventory,
+    PartitionApplied,
+    PartitionRequested,
     subject_token,
 )
 from tangram.kubernetes.objects.deviceclasses import load_shipped_device_classes
@@ -64,6 +66,15 @@ def mig(profile: str) -> dict[str, Any]:
             ]
         }
     }
+
+
+def applied(command: PartitionRequested, mig_uuid: str) -> PartitionApplied:
+    """The node's answer that it carried out `command` (naming the instance `mig_uuid`)."""
+    return PartitionApplied(
+        key=command.key, command_id=command.command_id, node=command.node, action=command.action,
+        gpu_uuid=command.gpu_uuid, gpu_index=command.gpu_index, profile=command.profile,
+        placement=command.placement, claim_uid=command.claim_uid, mig_uuid=mig_uuid,
+    )  # fmt: skip
 
 
 def request(n: int, spec: dict[str, Any], namespace: str = "team") -> ClaimRequested:

@@ -28,7 +28,7 @@ from tangram.nvml import SimNvml, parse_mig_minors, render_mig_minors
 from tangram.nvml.inventory import read_node_hardware
 from tangram.partitioning import MigExecutor
 
-from .helpers import CLASSES, gpus, hardware, inventory, mig, request
+from .helpers import CLASSES, applied, gpus, hardware, inventory, mig, request
 
 
 def ledger() -> Ledger:
@@ -111,16 +111,8 @@ def test_release_destroys_the_claims_mig_instance_once() -> None:
     # Delivered again before any result: the same command (same Msg-Id), which the node runs once.
     [again] = book.apply(release)
     assert again.event_id == destroy.event_id and again.command_id == destroy.command_id
-    book.apply(_applied(destroy, destroy.mig_uuid))
+    book.apply(applied(destroy, destroy.mig_uuid))
     assert book.apply(release) == []
-
-
-def _applied(command: PartitionRequested, mig_uuid: str) -> PartitionApplied:
-    return PartitionApplied(
-        key=command.key, command_id=command.command_id, node=command.node, action=command.action,
-        gpu_uuid=command.gpu_uuid, gpu_index=command.gpu_index, profile=command.profile,
-        placement=command.placement, claim_uid=command.claim_uid, mig_uuid=mig_uuid,
-    )  # fmt: skip
 
 
 def test_a_release_folded_at_rebuild_but_never_acted_on_sends_its_destroys_when_delivered() -> None:
@@ -149,7 +141,7 @@ def test_a_release_folded_at_rebuild_but_never_acted_on_sends_its_destroys_when_
 
     # Once the log holds the destroy's result, a rebuild has nothing left to send for it.
     rebuilt = ledger()
-    for event in [*log, _applied(destroy, destroy.mig_uuid)]:
+    for event in [*log, applied(destroy, destroy.mig_uuid)]:
         rebuilt.apply(event, live=False)
     assert rebuilt.apply(release) == []
     assert rebuilt.unanswered_destroys == {}
@@ -536,7 +528,7 @@ def test_a_rebuild_never_takes_an_older_destroy_for_the_destroy_of_a_later_insta
         made = executor.create(create.gpu_index, create.profile_id, create.placement)
         inventories.append(NodeInventory(key="n1", hardware=read_node_hardware(nvml, "n1")))
         live.apply(inventories[-1], live=False)
-        nodes_log += [create, _applied(create, made.mig_uuid)]
+        nodes_log += [create, applied(create, made.mig_uuid)]
         live.apply(nodes_log[-1])
         claims_log.append(_release(n))
         [destroy] = live.apply(claims_log[-1])
@@ -545,7 +537,7 @@ def test_a_rebuild_never_takes_an_older_destroy_for_the_destroy_of_a_later_insta
         commands.append(create)
         if n == 1:  # the first claim's instance is destroyed; the second's destroy is still to come
             executor.destroy(create.gpu_uuid, placement=create.placement)
-            nodes_log.append(_applied(destroy, made.mig_uuid))
+            nodes_log.append(applied(destroy, made.mig_uuid))
             live.apply(nodes_log[-1])
     first, second = commands
     assert (first.gpu_uuid, first.placement) == (second.gpu_uuid, second.placement), "one placement, in turn"

@@ -621,6 +621,10 @@ CALLS = {
         "read_namespaced_pod": ("", "pods", "get"),
         "patch_namespaced_pod": ("", "pods", "patch"),
         "create_namespaced_event": ("", "events", "create"),
+        # preemption: victims evicted through the Eviction API, after reading the budgets
+        "create_namespaced_pod_eviction": ("", "pods/eviction", "create"),
+        "list_pod_disruption_budget_for_all_namespaces": ("policy", "poddisruptionbudgets", "list"),
+        "watch:list_pod_disruption_budget_for_all_namespaces": ("policy", "poddisruptionbudgets", "watch"),
         # its Lease (tangram-allocator, in its namespace): the allocator is alive
         "create_namespaced_lease": ("coordination.k8s.io", "leases", "create"),
         "read_namespaced_lease": ("coordination.k8s.io", "leases", "get"),

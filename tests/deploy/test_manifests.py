@@ -119,8 +119,10 @@ def _grants(role: dict[str, Any]) -> set[tuple[str, str, str]]:
 
 def test_allocator_rbac_is_what_deciding_claims_needs() -> None:
     # The leader allocator decides the cluster's claims of Tangram's classes: it watches claims,
-    # classes and pods, writes allocations, removes its gate from pods and records Events. It reads
-    # no Secret and creates or deletes nothing but Events.
+    # classes and pods, writes allocations, removes its gate from pods and records Events; to
+    # preempt, it reads PodDisruptionBudgets and evicts pods through the Eviction API (which
+    # honours them). It reads no Secret, deletes nothing, and creates nothing but Events and
+    # evictions.
     grants = _grants(_by_kind("ClusterRole", "tangram-allocator"))
     assert grants == {
         ("resource.k8s.io", "resourceclaims", "get"),
@@ -133,6 +135,9 @@ def test_allocator_rbac_is_what_deciding_claims_needs() -> None:
         ("", "pods", "list"),
         ("", "pods", "watch"),
         ("", "pods", "patch"),
+        ("", "pods/eviction", "create"),
+        ("policy", "poddisruptionbudgets", "list"),
+        ("policy", "poddisruptionbudgets", "watch"),
         ("", "events", "create"),
     }
     binding = _by_kind("ClusterRoleBinding", "tangram-allocator")

@@ -6,6 +6,7 @@ from tangram.events import (
     AllocatedDevice,
     ClaimAllocated,
     ClaimFailed,
+    ClaimPreempting,
     ClaimPrepared,
     ClaimReleased,
     ClaimRequested,
@@ -23,6 +24,7 @@ from tangram.events import (
     PartitionApplied,
     PartitionFailed,
     PartitionRequested,
+    PreemptionVictim,
     PreparedDevice,
 )
 
@@ -109,6 +111,20 @@ def every_event() -> list[Event]:
         ),
         ClaimFailed(key=UID, namespace="ml", name="llm", uid=UID, reason="0/3 nodes fit"),
         ClaimReleased(key=UID, namespace="ml", name="llm", uid=UID),
+        ClaimPreempting(
+            key=UID,
+            namespace="ml",
+            name="llm",
+            uid=UID,
+            node=NODE,
+            priority=1000,
+            victims=[
+                PreemptionVictim(
+                    namespace="batch", name="sweep-7", uid="5d0c6a1e-2b7f-4c39-8e1d-9a4b3c2d1e07", priority=0
+                )
+            ],
+            reason="0/3 nodes fit",
+        ),
         PartitionRequested(
             key=NODE,
             command_id="cmd-1",

@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_samples_cover_every_event_type() -> None:
     assert {type(e) for e in every_event()} == set(EVENT_TYPES)
-    assert len(EVENT_TYPES) == 12
+    assert len(EVENT_TYPES) == 13
 
 
 @pytest.mark.parametrize("event", every_event(), ids=lambda e: e.type_name())

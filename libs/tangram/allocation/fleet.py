@@ -10,7 +10,7 @@ MIG plans (plans), and the holding of decisions made elsewhere (adoption).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import msgspec
@@ -63,12 +63,22 @@ class FleetState:
     or by another tool before Tangram ran) may be destroyed to make room for a claim. Off by
     default: only instances Tangram created itself are reconfigured."""
 
-    def __init__(self, *, driver: str = DRIVER_NAME, reconfigure_foreign_instances: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        driver: str = DRIVER_NAME,
+        reconfigure_foreign_instances: bool = False,
+        _shared: FleetState | None = None,
+    ) -> None:
         self.driver = driver
         self.reconfigure_foreign_instances = reconfigure_foreign_instances
-        self._shapes: dict[str, NodeShape] = {}
-        self._templates = DeviceTemplates(driver)
-        self._eligibility = NodeEligibility(driver)
+        # A trial fleet reads the shapes, device templates and eligibility its fleet computed:
+        # the same hardware gives the same answers, and a trial must cost a decision, not a rebuild.
+        self._shapes: dict[str, NodeShape] = {} if _shared is None else _shared._shapes
+        self._templates: DeviceTemplates = DeviceTemplates(driver) if _shared is None else _shared._templates
+        self._eligibility: NodeEligibility = (
+            NodeEligibility(driver) if _shared is None else _shared._eligibility
+        )
         self._index = DemandIndex(self._shapes, self._eligibility.on)
         self._nodes = NodeIndex(self._index)
         self._holdings = Holdings()
@@ -111,6 +121,29 @@ class FleetState:
         ]
         return msgspec.structs.replace(hw, gpus=gpus)
 
+    def trial(self, node_name: str, *, without: Iterable[str] = ()) -> FleetState | None:
+        """A fleet of the one node as it would be once the claims `without` were released and
+        their MIG instances destroyed: what preempting them would leave there. For asking whether a
+        claim would fit then and how; nothing decided in it is ever held in this fleet."""
+        node = self._nodes.get(node_name)
+        if node is None:
+            return None
+        trial = FleetState(
+            driver=self.driver, reconfigure_foreign_instances=self.reconfigure_foreign_instances, _shared=self
+        )
+        devices = self._templates.devices(node.shape.signature, node.hw)
+        copy = NodeState(node.hw, devices, node.shape, generation=node.generation)
+        copy.set_destroying(node.destroying)
+        trial._nodes.put(copy, None)
+        trial._holdings.made = {made for made in self._holdings.made if made[0] == node_name}
+        for uid in self._holdings.on(node_name):
+            adoption.adopt(trial._nodes, trial._holdings, self._holdings.held[uid].decision)
+        for uid in without:
+            release = trial.release(uid)
+            for plan in release.destroy:
+                trial.destroy_done(node_name, plan.gpu_uuid, plan.placement.start, plan.mig_uuid)
+        return trial
+
     def remove_node(self, name: str) -> list[str]:
         """Forget the node; returns the uids of claims allocated there (their records stay)."""
         if self._nodes.remove(name) is None:
@@ -126,6 +159,23 @@ class FleetState:
         policy: Policy = "tangram",
         *,
         explain: bool = False,
+        fenced: Iterable[str] = (),
+    ) -> Decision:
+        """Decide the claim; nodes `fenced` (reserved for another claim) are left out of it."""
+        removed = [node for node in (self._nodes.remove(name) for name in sorted(fenced)) if node is not None]
+        try:
+            return self._allocate(claim, classes, policy, explain=explain)
+        finally:
+            for node in removed:
+                self._nodes.put(node, None)
+
+    def _allocate(
+        self,
+        claim: Claim,
+        classes: Mapping[str, DeviceClass],
+        policy: Policy,
+        *,
+        explain: bool,
     ) -> Decision:
         held = self._holdings.get(claim.uid)
         if held is not None:
@@ -324,6 +374,10 @@ class FleetState:
             if not (made[0] == node_name and node.gpu_uuid.get(made[1]) == gpu_uuid and made[3] == start)
         }
         self._nodes.changed(node_name)
+
+    def holders(self, node_name: str) -> list[str]:
+        """The uids of the claims held on the node, in order."""
+        return self._holdings.on(node_name)
 
     def allocation(self, claim_uid: str) -> Allocated | None:
         held = self._holdings.get(claim_uid)

@@ -15,13 +15,23 @@ from typing import Any
 import msgspec
 
 from tangram.allocation.fleet import FleetState
-from tangram.allocation.model import Allocated, Claim, PartitionPlan, Policy, Release, internal_failure
+from tangram.allocation.model import (
+    Allocated,
+    Claim,
+    Failed,
+    PartitionPlan,
+    Policy,
+    Release,
+    internal_failure,
+)
+from tangram.allocation.preemption import plan_preemption
 from tangram.allocation.spec import DeviceClass
 from tangram.dra.sharing import allocation_shares
 from tangram.events import (
     CLAIMS_STREAM,
     ClaimAllocated,
     ClaimFailed,
+    ClaimPreempting,
     ClaimPrepared,
     ClaimReleased,
     ClaimRequested,
@@ -33,9 +43,20 @@ from tangram.events import (
     PartitionApplied,
     PartitionFailed,
     PartitionRequested,
+    PreemptionVictim,
     subject_token,
 )
 from tangram.events.ids import command_event_id, derived_id, partition_command_id
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A preemption under way: the victims' devices on `node` are the preemptor's once freed; no
+    claim of `priority` or lower but the preemptor is placed on the node until it is allocated."""
+
+    node: str
+    priority: int
+    victims: tuple[str, ...]
 
 
 @dataclass
@@ -72,6 +93,9 @@ class Ledger:
     # Requests read back from the log whose decision is still to come: counted in the demand mix
     # when it comes (counts_as_demand), as the live fold counted them when it decided.
     _undecided: dict[str, ClaimRequested] = field(default_factory=dict)
+    # uid -> the priority its last request carried (its pods' PriorityClass): who may preempt whom
+    priorities: dict[str, int] = field(default_factory=dict)
+    reservations: dict[str, Reservation] = field(default_factory=dict)  # preemptor uid -> its reservation
 
     def folded(self, stream: str, sequence: int) -> None:
         """The event about to be folded is at `sequence` of `stream` (decisions record it, for replay).
@@ -91,6 +115,10 @@ class Ledger:
             "released": sorted(self.released),
             "held": fleet["claims"],
             "allocated": {name: node["allocated"] for name, node in fleet["nodes"].items()},
+            "reservations": {
+                uid: {"node": r.node, "priority": r.priority, "victims": list(r.victims)}
+                for uid, r in sorted(self.reservations.items())
+            },
         }
 
     def observe(self, event: Event) -> None:
@@ -103,9 +131,11 @@ class Ledger:
                 self.fleet.apply_inventory(hardware)
             case ClaimRequested(allocation=allocation) if allocation is not None:
                 self.claims[event.uid] = (event.namespace, event.name)
+                self.priorities[event.uid] = event.priority
                 return self._adopt_allocation(event, allocation, live=live)
             case ClaimRequested():
                 self.claims[event.uid] = (event.namespace, event.name)
+                self.priorities[event.uid] = event.priority
                 if event.uid in self.released and event.attempt > self.attempts.get(event.uid, 0):
                     # Released (deallocated) and asked again with a later attempt: a new pod uses it.
                     self.released.discard(event.uid)
@@ -125,7 +155,12 @@ class Ledger:
                     self._undecided[event.uid] = event
             case ClaimAllocated():
                 self._note_decided(event.uid, counted=True)
+                self.reservations.pop(event.uid, None)
                 self._adopt(event)
+            case ClaimPreempting(uid=uid):
+                self.reservations[uid] = Reservation(
+                    node=event.node, priority=event.priority, victims=tuple(v.uid for v in event.victims)
+                )
             case ClaimFailed(uid=uid):
                 self._note_decided(uid, counted=event.cause == "capacity")
                 self.decided[uid] = "failed"
@@ -135,6 +170,7 @@ class Ledger:
                 self.fleet.release_replayed(uid)
             case ClaimReleased(uid=uid) if uid in self.outside:
                 self._undecided.pop(uid, None)
+                self.reservations.pop(uid, None)
                 # Allocated by another writer and adopted: its node destroys what it made for it.
                 del self.outside[uid]
                 self.released.add(uid)
@@ -144,6 +180,7 @@ class Ledger:
                     self.fleet.release_replayed(uid)
             case ClaimReleased(uid=uid):
                 self._undecided.pop(uid, None)
+                self.reservations.pop(uid, None)
                 if uid in self.released:
                     # Sent again, not decided again: the partitioner runs each command once.
                     return list(self.unanswered_destroys.get(uid, {}).values()) if live else []
@@ -245,10 +282,16 @@ class Ledger:
     def _decide(self, request: ClaimRequested) -> list[Event]:
         claim = Claim(namespace=request.namespace, name=request.name, uid=request.uid, spec=request.spec)
         self.attempts[request.uid] = request.attempt
-        decision = self.fleet.allocate(claim, self.classes_for(request), self.policy)
+        classes = self.classes_for(request)
+        fenced = self._fenced_for(request)
+        decision = self.fleet.allocate(claim, classes, self.policy, fenced=fenced)
         if not isinstance(decision, Allocated):
             self.decided[request.uid] = "failed"
+            preempting: list[Event] = []
+            if decision.cause == "capacity":
+                preempting, decision = self._preempt(request, claim, classes, decision)
             return [
+                *preempting,
                 ClaimFailed(
                     key=request.key,
                     event_id=derived_id(request.uid, "failed")
@@ -262,9 +305,10 @@ class Ledger:
                     positions=dict(self.positions),
                     attempt=request.attempt,
                     cause=decision.cause,
-                )
+                ),
             ]
         self.decided[request.uid] = "allocated"
+        self.reservations.pop(request.uid, None)
         commands = [
             self._command(request.uid, decision.node, plan, plan.action) for plan in decision.partitions
         ]
@@ -297,6 +341,87 @@ class Ledger:
         )
         # The partition commands go first: the cdi service waits on them once it sees the allocation.
         return [*commands, allocated]
+
+    def _fenced_for(self, request: ClaimRequested) -> set[str]:
+        """Nodes reserved for another claim's preemption, which this claim may not take from it:
+        all of them for a claim of the same priority or lower."""
+        return {
+            r.node
+            for uid, r in self.reservations.items()
+            if uid != request.uid and request.priority <= r.priority
+        }
+
+    def _preempt(
+        self, request: ClaimRequested, claim: Claim, classes: Mapping[str, DeviceClass], failed: Failed
+    ) -> tuple[list[Event], Failed]:
+        """A claim that did not fit for want of capacity: the preemption that makes room for it, or
+        the one under way for it; and the failure that tells its pods what they wait for.
+
+        A preemption is planned once: the claim is asked again as its victims' devices are freed,
+        and waits for them while any of them still holds its devices. It is planned again only
+        once they are all freed and it still does not fit, or when one of them may no longer be
+        preempted (its eviction was refused)."""
+        reservation = self.reservations.get(request.uid)
+        if reservation is not None:
+            holding = [v for v in reservation.victims if self.fleet.allocation(v) is not None]
+            if holding and not set(holding) & set(request.protected):
+                return [], msgspec.structs.replace(
+                    failed,
+                    reason=f"{failed.reason}; preempting {len(holding)} claim"
+                    f"{'s' if len(holding) != 1 else ''} of lower priority on node {reservation.node} "
+                    f"({', '.join(self._claim_name(v) for v in holding)}): waits for their devices",
+                )
+            del self.reservations[request.uid]
+        if request.preemption_policy == "Never":
+            return [], failed
+        plan = plan_preemption(
+            self.fleet,
+            claim,
+            classes,
+            self.policy,
+            priority=request.priority,
+            priorities=self.priorities,
+            protected=set(request.protected),
+            fenced={r.node for uid, r in self.reservations.items() if uid != request.uid},
+        )
+        if plan is None:
+            return [], failed
+        self.reservations[request.uid] = Reservation(
+            node=plan.node, priority=request.priority, victims=plan.victims
+        )
+        victims = [
+            PreemptionVictim(
+                namespace=self.claims.get(v, ("", ""))[0],
+                name=self.claims.get(v, ("", ""))[1],
+                uid=v,
+                priority=self.priorities[v],
+            )
+            for v in plan.victims
+        ]
+        preempting = ClaimPreempting(
+            key=request.key,
+            event_id=derived_id(request.uid, "preempting", request.attempt),
+            producer=self.producer,
+            namespace=request.namespace,
+            name=request.name,
+            uid=request.uid,
+            node=plan.node,
+            priority=request.priority,
+            victims=victims,
+            reason=failed.reason,
+            positions=dict(self.positions),
+            attempt=request.attempt,
+        )
+        named = ", ".join(f"{self._claim_name(v.uid)} (priority {v.priority})" for v in victims)
+        reason = (
+            f"{failed.reason}; preempting {len(victims)} claim{'s' if len(victims) != 1 else ''} of "
+            f"lower priority on node {plan.node}: {named}"
+        )
+        return [preempting], msgspec.structs.replace(failed, reason=reason)
+
+    def _claim_name(self, uid: str) -> str:
+        namespace, name = self.claims.get(uid, ("", uid))
+        return f"{namespace}/{name}" if namespace else name
 
     def _failed_inside(self, request: ClaimRequested, error: Exception) -> list[Event]:
         """The claim fails with what went wrong, and the ledger holds nothing for it."""

@@ -25,6 +25,9 @@ class NodeInventory(Event, tag="node.inventory", frozen=True, kw_only=True):
     generation: int = 0  # increases with every publication by one discovery process
 
 
+PreemptionPolicy = Literal["PreemptLowerPriority", "Never"]
+
+
 class ClaimRequested(Event, tag="claim.requested", frozen=True, kw_only=True):
     """A ResourceClaim to decide. key = claim uid."""
 
@@ -45,6 +48,14 @@ class ClaimRequested(Event, tag="claim.requested", frozen=True, kw_only=True):
     # status.allocation of a claim another writer (kube-scheduler) allocated: the allocator does
     # not decide it but takes its devices as held, so nothing is given twice.
     allocation: dict[str, Any] | None = None
+    # The highest priority of the pods that use the claim (their PriorityClass): claims are asked
+    # in priority order, and a claim that cannot be placed may preempt claims of lower priority.
+    priority: int = 0
+    # The pods' preemptionPolicy: "Never" waits for capacity and never preempts.
+    preemption_policy: PreemptionPolicy = "PreemptLowerPriority"
+    # Claims that may not be preempted now: a PodDisruptionBudget forbids evicting one of their
+    # pods, or the eviction was refused. Carried on the request, so a replay decides as live.
+    protected: list[str] = []
 
 
 # How several claims share one device. MPS: one control daemon per device, each client limited
@@ -118,6 +129,32 @@ class ClaimFailed(Event, tag="claim.failed", frozen=True, kw_only=True):
     positions: dict[str, int] = {}  # as on ClaimAllocated
     attempt: int = 0  # the ClaimRequested.attempt decided
     cause: FailureCause = "capacity"
+
+
+class PreemptionVictim(msgspec.Struct, frozen=True, kw_only=True):
+    namespace: str
+    name: str
+    uid: str
+    priority: int
+
+
+class ClaimPreempting(Event, tag="claim.preempting", frozen=True, kw_only=True):
+    """The claim could not be placed, and claims of lower priority are preempted to make room on one
+    node: their pods are evicted, and what they free there is reserved for this claim until it is
+    allocated (no other claim of its priority or lower is placed on the node meanwhile)."""
+
+    stream: ClassVar[str] = CLAIMS_STREAM
+    subject_pattern: ClassVar[str] = "tangram.claim.preempting.{key}"
+
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    priority: int
+    victims: list[PreemptionVictim]
+    reason: str  # why the claim did not fit without preemption
+    positions: dict[str, int] = {}  # as on ClaimAllocated
+    attempt: int = 0  # the ClaimRequested.attempt decided
 
 
 class ClaimReleased(Event, tag="claim.released", frozen=True, kw_only=True):
@@ -263,6 +300,7 @@ AnyEvent = (
     | ClaimAllocated
     | ClaimFailed
     | ClaimReleased
+    | ClaimPreempting
     | PartitionRequested
     | PartitionApplied
     | PartitionFailed
@@ -278,6 +316,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     ClaimAllocated,
     ClaimFailed,
     ClaimReleased,
+    ClaimPreempting,
     PartitionRequested,
     PartitionApplied,
     PartitionFailed,

@@ -22,6 +22,7 @@ from tangram.events.catalogue import (
     EVENT_TYPES,
     ClaimAllocated,
     ClaimFailed,
+    ClaimPreempting,
     ClaimPrepared,
     ClaimReleased,
     ClaimRequested,
@@ -55,6 +56,7 @@ CHANNELS: tuple[Channel, ...] = (
     Channel(ClaimAllocated, "the allocator", "uid is the subject's claim"),
     Channel(ClaimFailed, "the allocator", "uid is the subject's claim"),
     Channel(ClaimReleased, "the claim source, the allocator", "uid is the subject's claim"),
+    Channel(ClaimPreempting, "the allocator", "uid is the subject's claim (the preemptor)"),
     Channel(
         PartitionRequested,
         "the allocator; the node's cdi service, for claims kube-scheduler allocated",
@@ -114,7 +116,11 @@ def _stated_node(event: Event) -> str | None:
 def _stated_claim(event: Event) -> str | None:
     match event:
         case (
-            ClaimRequested(uid=uid) | ClaimAllocated(uid=uid) | ClaimFailed(uid=uid) | ClaimReleased(uid=uid)
+            ClaimRequested(uid=uid)
+            | ClaimAllocated(uid=uid)
+            | ClaimFailed(uid=uid)
+            | ClaimReleased(uid=uid)
+            | ClaimPreempting(uid=uid)
         ):
             return uid
     return None

@@ -63,3 +63,26 @@ def test_a_discarded_claim_put_back_is_served_once() -> None:
     queue.discard("x")
     queue.push("a", "x")
     assert drain(queue) == ["x", "y"]  # in the place it had first, and only there
+
+
+def test_a_higher_priority_is_always_served_first_then_namespaces_take_turns_within_it() -> None:
+    queue = FairQueue()
+    for n in range(100):  # a flood of low-priority claims, waiting first
+        queue.push("batch", f"low-{n}", priority=0)
+    queue.push("serving", "urgent-1", priority=1000)
+    queue.push("batch", "late-low", priority=0)
+    queue.push("serving", "urgent-2", priority=1000)
+    queue.push("training", "mid", priority=100)
+    queue.push("research", "urgent-3", priority=1000)
+    served = [queue.pop() for _ in range(5)]
+    assert served == ["urgent-1", "urgent-3", "urgent-2", "mid", "low-0"]
+
+
+def test_a_claim_discarded_and_pushed_again_at_another_priority_is_served_once_at_the_new_one() -> None:
+    queue = FairQueue()
+    queue.push("team", "a", priority=0)
+    queue.push("team", "b", priority=0)
+    queue.discard("a")
+    assert queue.push("team", "a", priority=10)
+    assert [queue.pop(), queue.pop(), queue.pop()] == ["a", "b", None]
+    assert len(queue) == 0

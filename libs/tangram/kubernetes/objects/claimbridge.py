@@ -17,7 +17,7 @@ from typing import Any, Literal, TypeVar
 from tangram import DRIVER_NAME
 from tangram.allocation.model import Allocated
 from tangram.dra.names import SHARED_SUFFIX
-from tangram.events import ClaimAllocated, ClaimReleased, ClaimRequested
+from tangram.events import ClaimAllocated, ClaimReleased, ClaimRequested, PreemptionPolicy
 from tangram.events.ids import derived_id
 from tangram.kubernetes.objects.classes import is_tangram_claim, is_tangram_class, requested_class_names
 from tangram.kubernetes.objects.gates import holds_gate, remove_gate_patch
@@ -100,8 +100,12 @@ def claim_requested(
     *,
     producer: str,
     attempt: int = 0,
+    priority: int = 0,
+    preemption_policy: PreemptionPolicy = "PreemptLowerPriority",
+    protected: list[str] | None = None,
 ) -> ClaimRequested:
-    """The request to decide a claim, carrying the classes it names as the cluster holds them."""
+    """The request to decide a claim, carrying the classes it names as the cluster holds them, and
+    its pods' priority and preemption policy."""
     ref = claim_ref(claim)
     names = class_names(claim) or []
     return ClaimRequested(
@@ -114,13 +118,17 @@ def claim_requested(
         spec=dict(claim.get("spec") or {}),
         classes={n: _class_manifest(classes[n]) for n in names if n in classes},
         attempt=attempt,
+        priority=priority,
+        preemption_policy=preemption_policy,
+        protected=list(protected or []),
     )
 
 
 def claim_adopted(
-    claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]], *, producer: str
+    claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]], *, producer: str, priority: int = 0
 ) -> ClaimRequested:
-    """A claim another writer allocated: its allocation, for the allocator to hold as taken."""
+    """A claim another writer allocated: its allocation, for the allocator to hold as taken (and,
+    with its pods' priority, to preempt for a claim of higher priority)."""
     ref = claim_ref(claim)
     allocation = allocation_of(claim) or {}
     base = claim_requested(claim, classes, producer=producer)
@@ -134,6 +142,7 @@ def claim_adopted(
         spec=base.spec,
         classes=base.classes,
         allocation=allocation,
+        priority=priority,
     )
 
 
@@ -304,9 +313,10 @@ def warning_event(
     now: str,
     component: str,
     suffix: str,
+    event_type: str = "Warning",
 ) -> dict[str, Any]:
-    """A core/v1 Event of type Warning about `involved` (a claim or a pod as read; list items
-    carry no kind, so it is given)."""
+    """A core/v1 Event about `involved` (a claim or a pod as read; list items carry no kind, so it
+    is given): a Warning unless `event_type` says Normal."""
     metadata = _metadata(involved)
     name = str(metadata.get("name", ""))
     return {
@@ -321,7 +331,7 @@ def warning_event(
             "uid": metadata.get("uid", ""),
             "resourceVersion": metadata.get("resourceVersion", ""),
         },
-        "type": "Warning",
+        "type": event_type,
         "reason": reason,
         "message": message[:1024],
         "source": {"component": component},

@@ -1,9 +1,10 @@
-"""Claims waiting to be asked of the allocator, served fairly across namespaces (pure).
+"""Claims waiting to be asked of the allocator: by priority, then fairly across namespaces (pure).
 
-Each namespace has its own first-in, first-out line; the namespaces take turns, one claim each.
-A namespace that sends thousands of claims at once therefore delays another namespace's claim by
-at most one of its own per turn, however long its line is: the wait depends on how many
-namespaces are waiting, never on how much one of them sent.
+A claim of higher priority (its pods' PriorityClass) is always asked before one of lower priority.
+Among claims of one priority, each namespace has its own first-in, first-out line and the
+namespaces take turns, one claim each: a namespace that sends thousands of claims at once delays
+another namespace's claim of its priority by at most one of its own per turn, however long its
+line is.
 """
 
 from __future__ import annotations
@@ -11,11 +12,43 @@ from __future__ import annotations
 from collections import deque
 
 
+class _Turns:
+    """One priority's lines, one per namespace, served in turns."""
+
+    def __init__(self) -> None:
+        self.lines: dict[str, deque[str]] = {}
+        self.turns: deque[str] = deque()  # namespaces with claims waiting, in the order they are served
+
+    def push(self, namespace: str, uid: str) -> None:
+        line = self.lines.get(namespace)
+        if line is None:
+            line = self.lines[namespace] = deque()
+            self.turns.append(namespace)
+        line.append(uid)
+
+    def pop(self, waiting: dict[str, tuple[int, str]], priority: int) -> str | None:
+        """The first claim still waiting of the namespace whose turn it is, which then goes last."""
+        while self.turns:
+            namespace = self.turns.popleft()
+            line = self.lines[namespace]
+            uid = None
+            while line and uid is None:
+                candidate = line.popleft()
+                if waiting.get(candidate) == (priority, namespace):
+                    uid = candidate
+            if line:
+                self.turns.append(namespace)
+            else:
+                del self.lines[namespace]
+            if uid is not None:
+                return uid
+        return None
+
+
 class FairQueue:
     def __init__(self) -> None:
-        self._lines: dict[str, deque[str]] = {}
-        self._turns: deque[str] = deque()  # namespaces with claims waiting, in the order they are served
-        self._where: dict[str, str] = {}  # uid -> its namespace, for the claims waiting
+        self._levels: dict[int, _Turns] = {}
+        self._where: dict[str, tuple[int, str]] = {}  # uid -> (priority, namespace), for those waiting
 
     def __len__(self) -> int:
         return len(self._where)
@@ -23,32 +56,23 @@ class FairQueue:
     def __contains__(self, uid: object) -> bool:
         return uid in self._where
 
-    def push(self, namespace: str, uid: str) -> bool:
-        """Put the claim at the end of its namespace's line; False when it is waiting already."""
+    def push(self, namespace: str, uid: str, priority: int = 0) -> bool:
+        """Put the claim at the end of its namespace's line of its priority; False when it is
+        waiting already."""
         if uid in self._where:
             return False
-        line = self._lines.get(namespace)
-        if line is None:
-            line = self._lines[namespace] = deque()
-            self._turns.append(namespace)
-        line.append(uid)
-        self._where[uid] = namespace
+        self._levels.setdefault(priority, _Turns()).push(namespace, uid)
+        self._where[uid] = (priority, namespace)
         return True
 
     def pop(self) -> str | None:
-        """The next claim: the first of the namespace whose turn it is, which then goes last."""
-        while self._turns:
-            namespace = self._turns.popleft()
-            line = self._lines[namespace]
-            uid = None
-            while line and uid is None:
-                candidate = line.popleft()
-                if self._where.get(candidate) == namespace:
-                    uid = candidate
-            if line:
-                self._turns.append(namespace)
-            else:
-                del self._lines[namespace]
+        """The next claim: of the highest priority waiting, the first of the namespace whose turn
+        it is."""
+        while self._levels:
+            priority = max(self._levels)
+            uid = self._levels[priority].pop(self._where, priority)
+            if not self._levels[priority].turns:
+                del self._levels[priority]
             if uid is not None:
                 del self._where[uid]
                 return uid
