@@ -46,6 +46,7 @@ from services.allocator.claimwriter import ClaimWriter
 from services.allocator.clusterview import ClaimsSeen, ClusterView, Key, key_of, older, uid_of
 from services.allocator.gates import PodGates
 from services.allocator.preemptions import Preemptions
+from services.allocator.provisioning import Provisioning
 from services.allocator.requester import ClaimRequester
 from tangram.allocation.ledger import Ledger
 from tangram.events import (
@@ -119,6 +120,8 @@ class ClaimBridge:
             watch_timeout_s=watch_timeout_s,
         )
         self._requester.standing = self._preemptions.standing
+        self._provisioning = Provisioning(api, request_timeout_s=request_timeout_s)
+        self._nodes_seen: frozenset[str] = frozenset()
         self._writer = ClaimWriter(
             self._view,
             self._requester,
@@ -244,9 +247,31 @@ class ClaimBridge:
 
     async def _write(self, allocated: ClaimAllocated) -> None:
         await self._writer.write(allocated)  # `ClaimWriter.write`
+        await self._provisioning.settled(self._users(allocated.namespace, allocated.name, allocated.uid))
 
     async def _failed(self, failed: ClaimFailed) -> None:
         await self._writer.failed(failed)  # `ClaimWriter.failed`
+        if failed.cause == "hardware":
+            # no node could ever hold it: cluster-autoscaler is asked for one
+            await self._provisioning.ask(
+                self._users(failed.namespace, failed.name, failed.uid), failed.reason
+            )
+
+    def _users(self, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
+        claim = self._view.claims.get((namespace, name))
+        if claim is None or uid_of(claim) != uid:
+            return []
+        return self.pods.users_of(claim_ref(claim))
+
+    def inventory_seen(self) -> None:
+        """A node's inventory was folded: once the fleet's nodes are others than before, the claims
+        no node could hold are asked again (a node cluster-autoscaler added may hold them)."""
+        if not self._requester.counts()["unplaceable"]:
+            return
+        nodes = frozenset(self._ledger.fleet.node_names)
+        if nodes != self._nodes_seen:
+            self._nodes_seen = nodes
+            self._retry_pending()
 
     def _retry_pending(self) -> None:
         self._requester.retry_pending()
@@ -417,6 +442,8 @@ class ClaimBridge:
     # --- pods ---------------------------------------------------------------------------------------
 
     async def _pod_seen(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            self._provisioning.gone(key_of(obj))
         await self._gates.pod_seen(kind, obj)
 
     async def _maybe_ungate(self, pod: dict[str, Any]) -> None:

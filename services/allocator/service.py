@@ -243,6 +243,11 @@ async def _serve(
         if bridge is not None:
             bridge.notice(event, outputs)
 
+    def observe_inventory(event: Event) -> None:
+        ledger.observe(event)
+        if bridge is not None:
+            bridge.inventory_seen()
+
     inventory_caught_up = asyncio.Event()
     claims_ready = asyncio.Event()
     results_ready = asyncio.Event()
@@ -251,7 +256,7 @@ async def _serve(
             ctx.bus.follow(
                 INVENTORY_STREAM,
                 "tangram.inventory.>",
-                ledger.observe,
+                observe_inventory,
                 stop=ctx.stop,
                 caught_up=inventory_caught_up,
                 on_position=ledger.folded,

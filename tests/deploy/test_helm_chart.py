@@ -625,6 +625,11 @@ CALLS = {
         "create_namespaced_pod_eviction": ("", "pods/eviction", "create"),
         "list_pod_disruption_budget_for_all_namespaces": ("policy", "poddisruptionbudgets", "list"),
         "watch:list_pod_disruption_budget_for_all_namespaces": ("policy", "poddisruptionbudgets", "watch"),
+        # a node asked of cluster-autoscaler for a pod no node could hold
+        "create_namespaced_pod_template": ("", "podtemplates", "create"),
+        "delete_namespaced_pod_template": ("", "podtemplates", "delete"),
+        "create_namespaced_custom_object": ("autoscaling.x-k8s.io", "provisioningrequests", "create"),
+        "delete_namespaced_custom_object": ("autoscaling.x-k8s.io", "provisioningrequests", "delete"),
         # its Lease (tangram-allocator, in its namespace): the allocator is alive
         "create_namespaced_lease": ("coordination.k8s.io", "leases", "create"),
         "read_namespaced_lease": ("coordination.k8s.io", "leases", "get"),

@@ -121,8 +121,9 @@ def test_allocator_rbac_is_what_deciding_claims_needs() -> None:
     # The leader allocator decides the cluster's claims of Tangram's classes: it watches claims,
     # classes and pods, writes allocations, removes its gate from pods and records Events; to
     # preempt, it reads PodDisruptionBudgets and evicts pods through the Eviction API (which
-    # honours them). It reads no Secret, deletes nothing, and creates nothing but Events and
-    # evictions.
+    # honours them); for a pod no node could hold, it asks cluster-autoscaler for a node (a
+    # ProvisioningRequest and its PodTemplate, deleted once the claim is allocated). It reads no
+    # Secret, and creates and deletes nothing else.
     grants = _grants(_by_kind("ClusterRole", "tangram-allocator"))
     assert grants == {
         ("resource.k8s.io", "resourceclaims", "get"),
@@ -138,6 +139,10 @@ def test_allocator_rbac_is_what_deciding_claims_needs() -> None:
         ("", "pods/eviction", "create"),
         ("policy", "poddisruptionbudgets", "list"),
         ("policy", "poddisruptionbudgets", "watch"),
+        ("", "podtemplates", "create"),
+        ("", "podtemplates", "delete"),
+        ("autoscaling.x-k8s.io", "provisioningrequests", "create"),
+        ("autoscaling.x-k8s.io", "provisioningrequests", "delete"),
         ("", "events", "create"),
     }
     binding = _by_kind("ClusterRoleBinding", "tangram-allocator")

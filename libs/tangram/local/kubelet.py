@@ -170,8 +170,8 @@ class NodeKubelet:
         delay = RETRY_S[min(attempt, len(RETRY_S) - 1)]
         log.warning("%s; trying again in %.1f s", why, delay)
         previous = self._retries.get(uid)
-        if previous is not None and not previous.done():
-            return
+        if previous is not None and not previous.done() and previous is not asyncio.current_task():
+            return  # a retry is already due (one failing now schedules the next itself)
         self._retries[uid] = asyncio.create_task(
             self._retry(pod.metadata.namespace, pod.metadata.name, delay)
         )

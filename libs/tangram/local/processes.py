@@ -160,37 +160,48 @@ class LocalCluster:
             name = "allocator" if index == 0 else f"allocator-{index + 1}"
             self._spawn(name, ["services.allocator", *deciding, *self.allocator_args], {}, ALLOCATOR_USER)
         for node in self.nodes:
-            (self.workdir / node.name).mkdir(parents=True, exist_ok=True)
-            # A simulated node has no driver install; lay one out so its CDI specs are complete.
-            driver_root = lay_out_driver_root(
-                self.workdir / node.name / "driver-root", load_machine(node.machine).driver_version
-            )
-            env = {"TANGRAM_NODE_NAME": node.name}
-            user = node_user(node.name)
-            sim = ["--sim", node.machine, "--state-file", str(self.state_file(node.name))]
-            kube = ["--kubernetes", "--kubeconfig", str(self.kubeconfig)] if self.kubeconfig else []
-            self._spawn(
-                f"discovery@{node.name}", ["services.discovery", *sim, "--refresh", "2", *kube], env, user
-            )
-            self._spawn(f"partitioner@{node.name}", ["services.partitioner", *sim], env, user)
-            self._spawn(
-                f"cdi@{node.name}",
-                [
-                    "services.cdi",
-                    "--kubelet-root",
-                    str(self.kubelet_root(node.name)),
-                    "--cdi-dir",
-                    str(self.cdi_dir(node.name)),
-                    "--driver-root",
-                    str(driver_root),
-                    *sim,
-                    "--mps-root",
-                    str(self.mps_root(node.name)),
-                    *kube,
-                ],
-                env,
-                user,
-            )
+            self._start_node(node)
+
+    def add_node(self, node: SimNode) -> None:
+        """A node joins the running cluster (as one cluster-autoscaler adds): its services start.
+        Without NATS authorization only: the users are made for the nodes known at start."""
+        if self.auth:
+            raise ValueError(f"node {node.name} cannot join: NATS users are made at start")
+        self.nodes.append(node)
+        self._start_node(node)
+
+    def _start_node(self, node: SimNode) -> None:
+        (self.workdir / node.name).mkdir(parents=True, exist_ok=True)
+        # A simulated node has no driver install; lay one out so its CDI specs are complete.
+        driver_root = lay_out_driver_root(
+            self.workdir / node.name / "driver-root", load_machine(node.machine).driver_version
+        )
+        env = {"TANGRAM_NODE_NAME": node.name}
+        user = node_user(node.name)
+        sim = ["--sim", node.machine, "--state-file", str(self.state_file(node.name))]
+        kube = ["--kubernetes", "--kubeconfig", str(self.kubeconfig)] if self.kubeconfig else []
+        self._spawn(
+            f"discovery@{node.name}", ["services.discovery", *sim, "--refresh", "2", *kube], env, user
+        )
+        self._spawn(f"partitioner@{node.name}", ["services.partitioner", *sim], env, user)
+        self._spawn(
+            f"cdi@{node.name}",
+            [
+                "services.cdi",
+                "--kubelet-root",
+                str(self.kubelet_root(node.name)),
+                "--cdi-dir",
+                str(self.cdi_dir(node.name)),
+                "--driver-root",
+                str(driver_root),
+                *sim,
+                "--mps-root",
+                str(self.mps_root(node.name)),
+                *kube,
+            ],
+            env,
+            user,
+        )
 
     def _spawn(self, name: str, module_args: list[str], env: dict[str, str], user: str) -> None:
         self.processes.append(self._launch(name, module_args, env, user))
