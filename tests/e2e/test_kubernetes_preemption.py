@@ -149,3 +149,22 @@ async def test_under_contention_the_highest_priority_waiting_is_placed_first(nod
     # 7 GPUs free fit one 4-GPU claim: the late high-priority one, not the first to arrive
     assert len(await devices_of(node, "late-high")) == 4
     assert await still_gated(node, "first-low") and await still_gated(node, "second-low")
+
+
+async def test_a_priority_written_into_the_pod_spec_by_hand_is_refused_and_preempts_nothing(
+    node: Node,
+) -> None:
+    """The priority Tangram reads is the API server's word (its Priority admission, from a
+    PriorityClass an administrator made): a tenant cannot claim one by writing it."""
+    ns = node.namespace
+    await run(node, "victim", 7, "low")
+    await node.resource.create_namespaced_resource_claim_template(ns, gpus_template("forged", ns, 7))
+    manifest = pod(
+        "forged", ns, None, {"gpus": {"resourceClaimTemplateName": "forged"}}, gates=[SCHEDULING_GATE]
+    )
+    manifest["spec"]["priority"] = 2_000_000_000
+    with pytest.raises(Exception, match="priority") as refused:
+        await node.core.create_namespaced_pod(ns, manifest)
+    assert "403" in str(refused.value) or "Forbidden" in str(refused.value)
+    assert len(await devices_of(node, "victim")) == 7
+    assert not await events(node, "victim", "TangramPreempted")

@@ -129,6 +129,7 @@ async def test_node_publishes_its_own_inventory_and_results(auth_server: AuthSer
         "tangram.inventory.gpu-b_lab",  # another node's inventory
         "tangram.claim.allocated.x",  # a claim decision
         "tangram.claim.failed.x",
+        "tangram.claim.preempting.x",  # a preemption: would have other tenants' pods evicted
         "tangram.node.gpu-b_lab.partition.requested",  # a command to another node
         "tangram.deadletter.allocator",  # another consumer's dead letters
         "$JS.API.STREAM.UPDATE.TANGRAM_NODES",  # streams are the admin's

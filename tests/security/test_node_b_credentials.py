@@ -300,6 +300,7 @@ async def test_wrong_password_is_refused(cluster: LocalCluster) -> None:
         "tangram.node.node-a.partition.requested",  # commands to another node
         "tangram.claim.released.some-claim",  # claim subjects
         "tangram.claim.allocated.some-claim",
+        "tangram.claim.preempting.some-claim",  # a preemption: other tenants' pods evicted
         "$JS.API.STREAM.DELETE.TANGRAM_CLAIMS",  # streams
         "$JS.API.STREAM.PURGE.TANGRAM_NODES",
         "$JS.API.CONSUMER.MSG.NEXT.TANGRAM_NODES.partitioner-node-a",  # others' durables
