@@ -94,6 +94,11 @@ def test_the_cheapest_victim_is_preempted_and_its_devices_go_to_the_preemptor_al
     }
     assert allocated.node == node and {d.device for d in allocated.devices} == victim_devices
     assert book.reservations == {}
+    # and a ledger rebuilt from the whole log holds exactly what the live one holds
+    rebuilt = ledger()
+    for event in [*log, again, allocated]:
+        rebuilt.apply(event, live=False)
+    assert rebuilt.fleet.snapshot() == book.fleet.snapshot() and rebuilt.reservations == {}
 
 
 def test_a_claim_waits_while_its_victims_hold_their_devices_and_is_not_preempting_twice() -> None:

@@ -107,7 +107,7 @@ func main() {
 	flag.StringVar(&s.featureGates, "feature-gates", "", "feature gates for every component, as kube-apiserver takes them")
 	flag.StringVar(&s.runtimeConfig, "runtime-config", "", "kube-apiserver --runtime-config")
 	flag.StringVar(&s.controllers, "controllers",
-		"resourceclaim-controller,garbage-collector-controller,namespace-controller",
+		"resourceclaim-controller,garbage-collector-controller,namespace-controller,disruption-controller",
 		"kube-controller-manager --controllers")
 	flag.IntVar(&s.verbosity, "v", 0, "log verbosity of the Kubernetes components")
 	flag.DurationVar(&s.readyTimeout, "ready-timeout", 3*time.Minute, "give up when not ready within this time")
@@ -403,9 +403,16 @@ func waitHealthy(ctx context.Context, endpoint, token string, timeout time.Durat
 // writeCredentials generates a CA, the API server's serving certificate, the
 // service-account signing key and an admin bearer token, and writes a
 // kubeconfig that uses them.
+//
+// Started again on the same data directory (after a crash, say), it keeps the credentials it
+// wrote before: clients holding the kubeconfig, and tokens signed with the service-account key,
+// keep working against the restarted control plane.
 func writeCredentials(p paths, apiserverPort int) (string, error) {
 	if err := os.MkdirAll(p.pki, 0o700); err != nil {
 		return "", err
+	}
+	if token, ok := existingCredentials(p); ok {
+		return token, writeKubeconfig(p, apiserverPort, token)
 	}
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -476,6 +483,29 @@ func writeCredentials(p paths, apiserverPort int) (string, error) {
 			return "", err
 		}
 	}
+	if err := writeKubeconfig(p, apiserverPort, token); err != nil {
+		return "", err
+	}
+	klog.V(1).InfoS("credentials written", "dir", p.pki)
+	return token, nil
+}
+
+// existingCredentials is the admin token of credentials written by an earlier start, when every
+// file of them is there.
+func existingCredentials(p paths) (string, bool) {
+	for _, path := range []string{p.caCert, p.serverCert, p.serverKey, p.saKey, p.tokens} {
+		if _, err := os.Stat(path); err != nil {
+			return "", false
+		}
+	}
+	token, err := os.ReadFile(filepath.Join(p.pki, "admin.token"))
+	if err != nil || len(token) == 0 {
+		return "", false
+	}
+	return string(token), true
+}
+
+func writeKubeconfig(p paths, apiserverPort int, token string) error {
 	kubeconfig := fmt.Sprintf(`apiVersion: v1
 kind: Config
 clusters:
@@ -494,9 +524,5 @@ contexts:
     user: tangram-admin
 current-context: tangram
 `, apiserverPort, p.caCert, token)
-	if err := os.WriteFile(p.kubeconfig, []byte(kubeconfig), 0o600); err != nil {
-		return "", err
-	}
-	klog.V(1).InfoS("credentials written", "dir", p.pki)
-	return token, nil
+	return os.WriteFile(p.kubeconfig, []byte(kubeconfig), 0o600)
 }

@@ -144,6 +144,14 @@ class FleetState:
                 trial.destroy_done(node_name, plan.gpu_uuid, plan.placement.start, plan.mig_uuid)
         return trial
 
+    def decide_on(
+        self, node_name: str, claim: Claim, classes: Mapping[str, DeviceClass], policy: Policy = "tangram"
+    ) -> Decision | None:
+        """The claim decided on one node alone (the node a preemption reserved for it), nothing
+        held yet: the caller adopts the decision it carries out. None when the node is gone."""
+        trial = self.trial(node_name)
+        return None if trial is None else trial.allocate(claim, classes, policy)
+
     def remove_node(self, name: str) -> list[str]:
         """Forget the node; returns the uids of claims allocated there (their records stay)."""
         if self._nodes.remove(name) is None:

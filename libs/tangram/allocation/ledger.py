@@ -18,6 +18,7 @@ from tangram.allocation.fleet import FleetState
 from tangram.allocation.model import (
     Allocated,
     Claim,
+    Decision,
     Failed,
     PartitionPlan,
     Policy,
@@ -283,8 +284,14 @@ class Ledger:
         claim = Claim(namespace=request.namespace, name=request.name, uid=request.uid, spec=request.spec)
         self.attempts[request.uid] = request.attempt
         classes = self.classes_for(request)
-        fenced = self._fenced_for(request)
-        decision = self.fleet.allocate(claim, classes, self.policy, fenced=fenced)
+        reservation = self.reservations.get(request.uid)
+        decision: Decision | None = None
+        if reservation is not None:
+            # A preemptor is placed on the node reserved for it, or waits for it to be freed
+            decision = self.fleet.decide_on(reservation.node, claim, classes, self.policy)
+        reserved = decision is not None
+        if decision is None:
+            decision = self.fleet.allocate(claim, classes, self.policy, fenced=self._fenced_for(request))
         if not isinstance(decision, Allocated):
             self.decided[request.uid] = "failed"
             preempting: list[Event] = []
@@ -325,6 +332,12 @@ class Ledger:
             else d
             for d in decision.devices
         ]
+        if reserved:
+            # decided on a copy of the node: held now, exactly as a replay of the decision holds it
+            self.fleet.adopt(
+                Allocated(claim_uid=request.uid, node=decision.node, devices=devices, config=decision.config)
+            )
+            self.fleet.note_demand(claim, classes)
         allocated = ClaimAllocated(
             key=request.key,
             event_id=derived_id(request.uid, "allocated"),

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import socket
 import ssl
 import subprocess
@@ -231,6 +232,9 @@ class ControlPlane:
         self.feature_gates = dict(release.gates() if feature_gates is None else feature_gates)
         self.runtime_config = runtime_config or release.runtime_config(self.feature_gates)
         self.controllers = tuple(controllers)
+        # kube-apiserver, etcd (client, peer), kube-scheduler, kube-controller-manager: chosen at
+        # the first start and kept, so that a restart serves where its clients look
+        self._ports: tuple[int, ...] | None = None
         self.startup_timeout = startup_timeout
         # kube-controller-manager's and kube-scheduler's own request rate to the API server (their
         # defaults, 20 and 50 a second, when None): a benchmark of hundreds of pods at once lifts
@@ -289,7 +293,9 @@ class ControlPlane:
             self._own_dir = tempfile.TemporaryDirectory(prefix="tangram-controlplane-")
             self._data_dir = Path(self._own_dir.name)
         self._data_dir.mkdir(parents=True, exist_ok=True)
-        apiserver, etcd, peer, scheduler, controllers = free_ports(5)
+        if self._ports is None:
+            self._ports = tuple(free_ports(5))
+        apiserver, etcd, peer, scheduler, controllers = self._ports
         command = [
             str(binary),
             f"--data-dir={self._data_dir}",
@@ -391,6 +397,19 @@ class ControlPlane:
             self._own_dir.cleanup()
             self._own_dir = None
             self._data_dir = None
+
+    def crash_and_restart(self) -> float:
+        """kill -9 of every component (etcd and kube-apiserver with them), then start again on the
+        same data, ports and credentials, as a control-plane machine losing power and coming back;
+        returns the seconds it took to be ready again."""
+        process = self._process
+        if process is None:
+            raise ControlPlaneError("the control plane is not running")
+        os.killpg(process.pid, signal.SIGKILL)
+        self._terminate(timeout=10.0)
+        started = time.monotonic()
+        self.start()
+        return time.monotonic() - started
 
     def _terminate(self, timeout: float = 20.0) -> None:
         process = self._process
