@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -18,7 +16,7 @@ from tangram.kubernetes.api import KubeApiError, call
 from tangram.local.clusterup import install_device_classes
 from tangram.local.controlplane import ControlPlane, register_node
 from tangram.local.kubelet import NodeKubelet
-from tangram.local.processes import LocalCluster, SimNode
+from tangram.local.processes import LocalCluster, SimNode, leading_allocator, logged_health_port
 from tangram.partitioning import MigExecutor
 from tests.partitioner.helpers import MINORS, sim
 from tests.support.driver import DRIVER
@@ -180,32 +178,12 @@ async def claim_of(node: Node, pod_obj: Any, entry: str) -> dict[str, Any]:
     return dict(node.api.sanitize_for_serialization(claim))
 
 
-def leading_allocator(cluster: LocalCluster) -> str | None:
-    """The allocator process that holds the lease now (it logged acquiring it last, and runs)."""
-    for service in cluster.processes:
-        if not service.name.startswith("allocator") or service.process.poll() is not None:
-            continue
-        text = service.log_path.read_text()
-        if text.rfind("leadership acquired") > text.rfind("leadership released"):
-            return service.name
-    return None
+__all__ = ["leading_allocator", "logged_health_port"]
 
 
 async def allocator_state(cluster: LocalCluster, name: str = "allocator") -> dict[str, Any]:
     """What a running allocator's ledger holds (its /state), read at the port it logged last."""
     return await allocator_state_at(logged_health_port(cluster.service(name).log_path))
-
-
-def logged_health_port(log: Path) -> int:
-    """The health port a service logged last in `log` (it picks a free one at each start)."""
-    lines = log.read_text().splitlines()
-    return int(
-        next(
-            json.loads(line)["health_port"]
-            for line in reversed(lines)
-            if line.startswith("{") and "health_port" in line
-        )
-    )
 
 
 async def allocator_state_at(port: int) -> dict[str, Any]:

@@ -163,8 +163,8 @@ async def _serve_plane(
             webhook: admission.WebhookProcess | None = None
             try:
                 if decider == "tangram":
-                    webhook = await _start_webhook(api, cluster, plane, helm_path)
-                    await _until_deciding(api)
+                    webhook = await start_webhook(api, cluster, plane, helm_path)
+                    await until_deciding(api)
                 return await _serve_nodes(
                     api, cluster, plane, stop=stop, out=out, kubeconfig=kubeconfig, webhook=webhook
                 )
@@ -180,7 +180,7 @@ async def _serve_plane(
         await asyncio.to_thread(plane.stop)
 
 
-async def _start_webhook(
+async def start_webhook(
     api: Any, cluster: LocalCluster, plane: ControlPlane, helm_path: Path | None
 ) -> admission.WebhookProcess:
     """The chart's admission webhook for this cluster's Kubernetes version, serving and ready."""
@@ -203,7 +203,7 @@ async def _start_webhook(
     return webhook
 
 
-async def _until_deciding(api: Any) -> None:
+async def until_deciding(api: Any) -> None:
     """Until Tangram decides what is applied next: the API server sends pods to the webhook, and
     an allocator leads (it keeps the Lease `tangram-allocator`)."""
     await admission.wait_called(api, "default", WAIT_S)

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api, V1DeleteOptions, V1Preconditions
 
@@ -52,7 +53,8 @@ class NodeKubelet:
             while not stop.is_set():
                 try:
                     await self._serve_once(stop)
-                except KubeApiError as error:
+                except (KubeApiError, aiohttp.ClientError, TimeoutError) as error:
+                    # the API server gone (restarting, say): list and watch again once it answers
                     log.warning("pod watch of node %s interrupted: %s", self.node, error)
                     await _wait(stop, 1.0)
         finally:

@@ -4,6 +4,7 @@ own OS process."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -296,3 +297,26 @@ class LocalCluster:
             for pid_file in sorted(self.mps_root(node.name).glob(f"*/pipe/{MPS_PID_FILE}")):
                 with contextlib.suppress(OSError, ValueError):
                     os.kill(int(pid_file.read_text().split()[0]), signal.SIGTERM)
+
+
+def leading_allocator(cluster: LocalCluster) -> str | None:
+    """The allocator process that holds the lease now (it logged acquiring it last, and runs)."""
+    for service in cluster.processes:
+        if not service.name.startswith("allocator") or service.process.poll() is not None:
+            continue
+        text = service.log_path.read_text(errors="replace")
+        if text.rfind("leadership acquired") > text.rfind("leadership released"):
+            return service.name
+    return None
+
+
+def logged_health_port(log: Path) -> int:
+    """The health port a service logged last in `log` (it picks a free one at each start)."""
+    lines = log.read_text(errors="replace").splitlines()
+    return int(
+        next(
+            json.loads(line)["health_port"]
+            for line in reversed(lines)
+            if line.startswith("{") and "health_port" in line
+        )
+    )

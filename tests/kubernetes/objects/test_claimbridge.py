@@ -89,6 +89,21 @@ def test_deleting_and_allocated_come_before_whose_the_claim_is() -> None:
     assert classify({**tangram, "status": {"allocation": None}}, SHIPPED) == "tangram"
 
 
+def test_a_claim_deleted_while_its_pod_still_uses_it_is_held_until_the_pod_is_gone() -> None:
+    tangram = claim(exactly("a", "gpu.tangram.dev"))
+    in_use = {
+        **tangram,
+        "metadata": {**tangram["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"},
+        "status": {
+            "allocation": {"devices": {"results": []}},
+            "reservedFor": [{"resource": "pods", "name": "trainer", "uid": "p-1"}],
+        },
+    }
+    assert classify(in_use, SHIPPED) == "allocated"
+    unreserved = {**in_use, "status": {**in_use["status"], "reservedFor": []}}
+    assert classify(unreserved, SHIPPED) == "deleting"
+
+
 def test_the_request_carries_the_classes_and_is_keyed_by_uid_and_generation() -> None:
     obj = claim(exactly("a", "gpu.tangram.dev"))
     requested = claim_requested(obj, SHIPPED, producer="allocator")

@@ -55,8 +55,14 @@ def allocation_of(claim: Mapping[str, Any]) -> dict[str, Any] | None:
 def classify(
     claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]], driver: str = DRIVER_NAME
 ) -> ClaimKind:
-    """What the allocator does with a claim: being deleted and allocated come before whose it is."""
-    if _metadata(claim).get("deletionTimestamp"):
+    """What the allocator does with a claim: being deleted and allocated come before whose it is.
+
+    A claim deleted while a pod still uses it (allocated, `status.reservedFor` not empty) is held
+    until that pod is gone: the API server keeps it (its delete-protection finalizer), and the
+    node keeps its devices prepared; releasing it early would hand them to another claim."""
+    if _metadata(claim).get("deletionTimestamp") and not (
+        allocation_of(claim) is not None and (claim.get("status") or {}).get("reservedFor")
+    ):
         return "deleting"
     if allocation_of(claim) is not None:
         return "allocated"
