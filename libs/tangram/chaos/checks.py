@@ -155,7 +155,7 @@ class ChaosChecks:
             await asyncio.sleep(1.0)
 
     async def _replayed_ledger(self) -> dict[str, Any]:
-        ledger = Ledger(fleet=FleetState(), classes=_device_classes())
+        ledger = Ledger(fleet=FleetState(), classes=device_classes())
         await self.bus.replay_into(allocator_log_sources(), lambda event: ledger.apply(event, live=False))
         return ledger.snapshot()
 
@@ -171,7 +171,7 @@ class ChaosChecks:
         return port
 
 
-def _device_classes() -> dict[str, DeviceClass]:
+def device_classes() -> dict[str, DeviceClass]:
     classes = (DeviceClass.from_manifest(m) for m in load_shipped_device_classes())
     return {device_class.name: device_class for device_class in classes}
 

@@ -1,5 +1,7 @@
 """`tangram chaos`: claims through every service on a 3-server NATS cluster while faults are
-injected; prints what happened and any invariant violated (exit 1 when one is)."""
+injected; prints what happened and any invariant violated (exit 1 when one is). With
+`--kubernetes`, pods with Tangram claims on the real control plane instead, while the allocators,
+the webhook, node services and the API server are killed (`tangram.chaos.kube`)."""
 
 from __future__ import annotations
 
@@ -8,9 +10,12 @@ import asyncio
 import json
 import shutil
 import sys
+from pathlib import Path
 
 from tangram.chaos import DEFAULT_NODES, ChaosConfig, chaos
+from tangram.chaos.kube import KubeChaosConfig, kube_chaos
 from tangram.cli.demo import parse_nodes
+from tangram.local.controlplane import NEWEST, ControlPlaneError, release
 from tangram.local.natsserver import NatsServerError
 
 
@@ -64,9 +69,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         + ")",
     )
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, stores, CDI specs)")
+    parser.add_argument(
+        "--kubernetes",
+        action="store_true",
+        help="pods on the real control plane (--claims is the number of pods; faults: allocators, "
+        "webhook, node services, the API server, pods and claims deleted mid-way)",
+    )
+    parser.add_argument(
+        "--kubernetes-version",
+        default=NEWEST.version,
+        metavar="V",
+        help=f"with --kubernetes: the control plane's release (default {NEWEST.version})",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.kubernetes:
+        return _run_kubernetes(args)
     config = ChaosConfig(
         claims=args.claims,
         seed=args.seed,
@@ -80,10 +99,32 @@ def run(args: argparse.Namespace) -> int:
     except (RuntimeError, NatsServerError) as error:
         print(f"tangram chaos: {error}", file=sys.stderr)
         return 1
+    return _print(args, report, cluster.workdir)
+
+
+def _run_kubernetes(args: argparse.Namespace) -> int:
+    try:
+        config = KubeChaosConfig(
+            pods=args.claims,
+            seed=args.seed,
+            duration_limit_s=args.duration_limit,
+            concurrency=args.concurrency,
+            fault_interval_s=args.fault_interval,
+            nodes=tuple(parse_nodes(args.node)) if args.node else DEFAULT_NODES,
+            release=release(args.kubernetes_version),
+        )
+        report, cluster = asyncio.run(kube_chaos(config))
+    except (RuntimeError, NatsServerError, ControlPlaneError) as error:
+        print(f"tangram chaos: {error}", file=sys.stderr)
+        return 1
+    return _print(args, report, cluster.workdir)
+
+
+def _print(args: argparse.Namespace, report: dict[str, object], workdir: Path) -> int:
     if args.keep:
-        report["work_folder"] = str(cluster.workdir)
+        report["work_folder"] = str(workdir)
     else:
-        shutil.rmtree(cluster.workdir, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
     if args.json:
         print(json.dumps(report))
     else:

@@ -300,11 +300,13 @@ class LocalCluster:
 
 
 def leading_allocator(cluster: LocalCluster) -> str | None:
-    """The allocator process that holds the lease now (it logged acquiring it last, and runs)."""
+    """The allocator process that holds the lease now (it runs, and since it last started it
+    logged acquiring the lease last: a process killed and started again appends to the same log)."""
     for service in cluster.processes:
         if not service.name.startswith("allocator") or service.process.poll() is not None:
             continue
         text = service.log_path.read_text(errors="replace")
+        text = text[text.rfind('"service starting"') :]
         if text.rfind("leadership acquired") > text.rfind("leadership released"):
             return service.name
     return None

@@ -1,0 +1,78 @@
+"""What must hold of a chaos run on Kubernetes, judged from what the API server and the log say (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from tangram.events import ClaimAllocated, ClaimPreempting, ClaimReleased, Event
+from tangram.kubernetes.objects.claimbridge import allocation_of, held_devices
+
+
+def _name(claim: Mapping[str, Any]) -> str:
+    metadata = claim.get("metadata") or {}
+    return f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
+
+
+def live(claim: Mapping[str, Any]) -> bool:
+    """A claim whose allocation holds its devices: not being deleted, or still reserved for a pod
+    (a claim being deleted that no pod uses any more holds nothing: its node has unprepared it)."""
+    deleting = bool((claim.get("metadata") or {}).get("deletionTimestamp"))
+    return not deleting or bool((claim.get("status") or {}).get("reservedFor"))
+
+
+def devices_held_twice(claims: Iterable[Mapping[str, Any]]) -> list[str]:
+    """A device in the allocations of two live claims at once (one listing: one moment)."""
+    holder: dict[Any, str] = {}
+    twice: list[str] = []
+    for claim in claims:
+        allocation = allocation_of(claim)
+        if allocation is None or not live(claim):
+            continue
+        for device in sorted(held_devices(allocation), key=str):
+            other = holder.setdefault(device, _name(claim))
+            if other != _name(claim):
+                twice.append(f"device {device[1]}/{device[2]} allocated to {other} and {_name(claim)}")
+    return twice
+
+
+def mig_devices_by_node(claims: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """How many MIG devices the live claims' allocations hold, by node (Tangram's pools are its nodes)."""
+    counts: dict[str, int] = {}
+    for claim in claims:
+        allocation = (allocation_of(claim) if live(claim) else None) or {}
+        for result in (allocation.get("devices") or {}).get("results") or []:
+            if "-mig-" in str(result.get("device", "")) and not result.get("adminAccess"):
+                pool = str(result.get("pool", ""))
+                counts[pool] = counts.get(pool, 0) + 1
+    return counts
+
+
+def allocated_by_uid(claims: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """uid -> the node of every live allocated claim."""
+    found: dict[str, str] = {}
+    for claim in claims:
+        allocation = allocation_of(claim)
+        results = ((allocation or {}).get("devices") or {}).get("results") or []
+        if allocation is not None and results and live(claim):
+            found[str((claim.get("metadata") or {}).get("uid", ""))] = str(results[0].get("pool", ""))
+    return found
+
+
+def preemptors_placed_elsewhere(log: Iterable[Event]) -> list[str]:
+    """A claim allocated while a preemption reserved a node for it, on another node."""
+    reserved: dict[str, str] = {}
+    wrong: list[str] = []
+    for event in log:
+        if isinstance(event, ClaimPreempting):
+            reserved[event.uid] = event.node
+        elif isinstance(event, ClaimAllocated):
+            node = reserved.pop(event.uid, None)
+            if node is not None and node != event.node:
+                wrong.append(
+                    f"claim {event.namespace}/{event.name} preempted on node {node}, "
+                    f"allocated on {event.node}"
+                )
+        elif isinstance(event, ClaimReleased):
+            reserved.pop(event.uid, None)
+    return wrong
