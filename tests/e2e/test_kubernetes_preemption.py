@@ -168,3 +168,36 @@ async def test_a_priority_written_into_the_pod_spec_by_hand_is_refused_and_preem
     assert "403" in str(refused.value) or "Forbidden" in str(refused.value)
     assert len(await devices_of(node, "victim")) == 7
     assert not await events(node, "victim", "TangramPreempted")
+
+
+async def test_kube_scheduler_alone_preempts_nothing_for_a_device_claim(
+    controlplane: ControlPlane, kube: Any, unique: str
+) -> None:
+    """The comparison: with kube-scheduler deciding (no gate), a high-priority pod whose claim the
+    node's GPUs cannot hold while a low-priority pod uses them stays Pending, and the low-priority
+    pod runs on: the DRA plugin of these releases does not preempt for device claims."""
+    scheduling = SchedulingV1Api(kube)
+    for suffix, (value, policy) in CLASSES.items():
+        await scheduling.create_priority_class(
+            {"metadata": {"name": f"{unique}-{suffix}"}, "value": value, "preemptionPolicy": policy}
+        )
+    try:
+        async with started_node(controlplane, kube, unique) as node:
+            ns = node.namespace
+            for name, priority in (("holder", "low"), ("urgent", "high")):
+                await node.resource.create_namespaced_resource_claim_template(ns, gpus_template(name, ns, 7))
+                manifest = pod(name, ns, None, {"gpus": {"resourceClaimTemplateName": name}})
+                manifest["spec"]["priorityClassName"] = f"{unique}-{priority}"
+                await node.core.create_namespaced_pod(ns, manifest)
+                if name == "holder":
+                    await wait_for_pod(node, "holder", "Running")
+            message = await said(node, "urgent", "FailedScheduling")
+            assert "cannot allocate all claims" in message or "resourceclaim" in message.lower(), message
+            assert (await node.core.read_namespaced_pod("holder", ns)).status.phase == "Running"
+            assert not await pod_gone(node, "holder")
+            found = await node.core.read_namespaced_pod("urgent", ns)
+            assert found.status.phase == "Pending" and not found.status.nominated_node_name
+    finally:
+        for suffix in CLASSES:
+            with contextlib.suppress(KubeApiError, Exception):
+                await scheduling.delete_priority_class(f"{unique}-{suffix}")
