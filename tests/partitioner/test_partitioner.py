@@ -12,6 +12,7 @@ from tangram.bus import Poison
 from tangram.events import (
     AllocatedDevice,
     ClaimAllocated,
+    ClaimFailed,
     MigPlacement,
     NodeInventory,
     PartitionApplied,
@@ -295,3 +296,22 @@ async def test_disable_mig_refuses_while_instances_remain_and_touches_none() -> 
     assert "still has MIG instances (3g.71gb at slices 0+4, 1g.18gb at slices 4+1)" in failed.reason
     assert executor.mig_enabled(0) is True
     assert [o.mig_uuid for o in executor.observe(0)] == before
+
+
+async def test_a_claim_that_failed_first_and_was_allocated_later_gets_its_instance_made() -> None:
+    # a claim fails for want of capacity (or waits for its preemption), then is allocated: its MIG
+    # create must not be refused as though the claim had ended
+    nvml = sim("hgx-h200")
+    collected = Collected()
+    ledger = PartitionLedger(NODE)
+    p = partitioner(nvml, collected, ledger=ledger)
+    ledger.observe(
+        ClaimFailed(key="claim-1", namespace="ns", name="claim-1", uid="claim-1", reason="0/1 nodes fit")
+    )
+    assert ledger.has_ended("claim-1")
+    create = command("c-9", nvml, gpu=2, profile="1g.18gb", profile_id=19, start=0, size=1)
+    ledger.observe(_allocated("claim-1", nvml, 2, start=0, size=1, partitions=("c-9",)))
+    assert not ledger.has_ended("claim-1")
+    await p.handle(create)
+    [applied] = _results(collected)
+    assert isinstance(applied, PartitionApplied) and applied.claim_uid == "claim-1"

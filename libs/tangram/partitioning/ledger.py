@@ -59,6 +59,9 @@ class PartitionLedger:
             case PartitionFailed(node=node) if node == self.node:
                 self._outcomes[event.command_id] = event
             case ClaimAllocated(node=node) if node == self.node:
+                # decided again after it failed (capacity freed, a preemption) or was released and
+                # asked again for a new pod: live from now on
+                self._ended.discard(event.uid)
                 self._decided.add(event.uid)
                 self._prepared.discard(event.uid)  # its prepare may be folded first: streams interleave
                 self._drop_claim(event.uid)
