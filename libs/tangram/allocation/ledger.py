@@ -172,6 +172,7 @@ class Ledger:
             case ClaimReleased(uid=uid) if uid in self.outside:
                 self._undecided.pop(uid, None)
                 self.reservations.pop(uid, None)
+                self.priorities.pop(uid, None)
                 # Allocated by another writer and adopted: its node destroys what it made for it.
                 del self.outside[uid]
                 self.released.add(uid)
@@ -182,6 +183,7 @@ class Ledger:
             case ClaimReleased(uid=uid):
                 self._undecided.pop(uid, None)
                 self.reservations.pop(uid, None)
+                self.priorities.pop(uid, None)
                 if uid in self.released:
                     # Sent again, not decided again: the partitioner runs each command once.
                     return list(self.unanswered_destroys.get(uid, {}).values()) if live else []
@@ -385,7 +387,7 @@ class Ledger:
                     f"({', '.join(self._claim_name(v) for v in holding)}): waits for their devices",
                 )
             del self.reservations[request.uid]
-        if request.preemption_policy == "Never":
+        if request.preemption_policy == "Never" or not self._may_be_lower(request.priority):
             return [], failed
         plan = plan_preemption(
             self.fleet,
@@ -431,6 +433,11 @@ class Ledger:
             f"lower priority on node {plan.node}: {named}"
         )
         return [preempting], msgspec.structs.replace(failed, reason=reason)
+
+    def _may_be_lower(self, priority: int) -> bool:
+        """Whether any claim the ledger knows has a priority below `priority`: without one there is
+        nobody to preempt, and no node is looked at (the common case, every claim at priority 0)."""
+        return priority > 0 or any(p < priority for p in self.priorities.values())
 
     def _claim_name(self, uid: str) -> str:
         namespace, name = self.claims.get(uid, ("", uid))
