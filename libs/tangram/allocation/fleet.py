@@ -42,6 +42,7 @@ from tangram.allocation.sharing import place_share, share_requests
 from tangram.allocation.solver import solve
 from tangram.allocation.spec import DeviceClass, parse_claim_spec
 from tangram.allocation.templates import DeviceTemplates
+from tangram.dra.model import NodeDevices
 from tangram.events.catalogue import DeviceShare
 from tangram.events.inventory import NodeHardware
 from tangram.kubernetes.objects.names import InvalidName, validate_claim_uid
@@ -124,24 +125,27 @@ class FleetState:
     def trial(self, node_name: str, *, without: Iterable[str] = ()) -> FleetState | None:
         """A fleet of the one node as it would be once the claims `without` were released and
         their MIG instances destroyed: what preempting them would leave there. For asking whether a
-        claim would fit then and how; nothing decided in it is ever held in this fleet."""
+        claim would fit then and how; nothing decided in it is ever held in this fleet.
+
+        The released claims' instances stay on the node, free and Tangram's: a claim in the trial
+        reuses them or has them reconfigured, as it could once they are destroyed."""
         node = self._nodes.get(node_name)
         if node is None:
             return None
         trial = FleetState(
             driver=self.driver, reconfigure_foreign_instances=self.reconfigure_foreign_instances, _shared=self
         )
-        devices = self._templates.devices(node.shape.signature, node.hw)
+        devices = NodeDevices(
+            node=node.name, driver=node.driver, pool=node.pool, devices=list(node.devices), counter_sets=[]
+        )
         copy = NodeState(node.hw, devices, node.shape, generation=node.generation)
         copy.set_destroying(node.destroying)
         trial._nodes.put(copy, None)
         trial._holdings.made = {made for made in self._holdings.made if made[0] == node_name}
+        gone = set(without)
         for uid in self._holdings.on(node_name):
-            adoption.adopt(trial._nodes, trial._holdings, self._holdings.held[uid].decision)
-        for uid in without:
-            release = trial.release(uid)
-            for plan in release.destroy:
-                trial.destroy_done(node_name, plan.gpu_uuid, plan.placement.start, plan.mig_uuid)
+            if uid not in gone:
+                adoption.adopt(trial._nodes, trial._holdings, self._holdings.held[uid].decision)
         return trial
 
     def decide_on(

@@ -5,8 +5,10 @@ priority that may be preempted is taken away; when the claim then fits, the vict
 one at a time, the most important first (highest priority, then the smallest holding), each kept
 when the claim still fits without it. The nodes are then compared by what preempting there costs:
 the victims' highest priority, the sum of their priorities, how many they are, and what the
-placement leaves on the node (more free whole GPUs, fewer stranded slices). A node's name decides
-only between nodes that cost the same.
+placement leaves on the node (more free whole GPUs, fewer stranded slices). Nodes are tried in
+order of the lowest priority they could free, and no further once none left could beat the best
+found (or `NODES_COMPARED` were compared); a node's name decides only between nodes that cost the
+same.
 
 "Fits" is asked of a trial fleet of the node (`FleetState.trial`): the victims released and their
 MIG instances destroyed, exactly what the node will be once they are gone, so a claim may reuse
@@ -22,9 +24,12 @@ from tangram.allocation.fleet import FleetState
 from tangram.allocation.model import Allocated, Claim, Policy
 from tangram.allocation.spec import DeviceClass
 
-# Nodes where preemption could make room, compared in full for one claim: enough that the cheapest
-# is found on any fleet a test or a rack holds; a bound on a decision's cost at thousands of nodes.
-NODES_COMPARED = 64
+# Nodes where preemption makes room, compared in full for one claim, those whose claims of lowest
+# priority come first: a bound on a decision's cost at thousands of nodes.
+NODES_COMPARED = 16
+# Whether the claim fits is asked with first-fit, the cheapest search (any fit answers it); the
+# placement whose leftovers are compared is the allocator's own policy's.
+FEASIBILITY: Policy = "first-fit"
 # What a whole GPU weighs against a MIG slice when victims are reprieved smallest first.
 WHOLE_GPU_WEIGHT = 8
 
@@ -54,8 +59,7 @@ def plan_preemption(
     `protected` (a disruption budget forbids evicting their pods), never on nodes `fenced` for
     another claim's preemption.
     """
-    best: Preemption | None = None
-    compared = 0
+    candidates: list[tuple[int, int, str, list[str]]] = []
     for name in fleet.node_names:
         if name in fenced:
             continue
@@ -64,12 +68,20 @@ def plan_preemption(
             for uid in fleet.holders(name)
             if uid not in protected and priorities.get(uid, priority) < priority
         ]
-        if not lower or _placed(fleet, name, lower, claim, classes=classes, policy=policy) is None:
+        if lower:
+            # the victims' highest priority is at least the lowest of these: the bound below
+            candidates.append((min(priorities[u] for u in lower), -len(lower), name, lower))
+    best: Preemption | None = None
+    compared = 0
+    for lowest, _, name, lower in sorted(candidates):
+        if best is not None and lowest > best.cost[0]:
+            break  # no node left can preempt lower priorities than the best found
+        if _placed(fleet, name, lower, claim, classes=classes, policy=FEASIBILITY) is None:
             continue
         victims = list(lower)
         for uid in sorted(lower, key=lambda u: (-priorities[u], _weight(fleet, u), u)):
             kept = [v for v in victims if v != uid]
-            if kept and _placed(fleet, name, kept, claim, classes=classes, policy=policy) is not None:
+            if kept and _placed(fleet, name, kept, claim, classes=classes, policy=FEASIBILITY) is not None:
                 victims = kept
         left = _placed(fleet, name, victims, claim, classes=classes, policy=policy)
         if left is None:  # pragma: no cover - the reprieves only ever keep a fitting set
