@@ -180,12 +180,19 @@ class NodeKubelet:
 
     async def _retry(self, namespace: str, name: str, delay: float) -> None:
         await asyncio.sleep(delay)
-        try:
-            pod = await call(f"read pod {namespace}/{name}", self._core.read_namespaced_pod(name, namespace))
-        except KubeApiError as error:
-            if not error.not_found:
-                log.warning("pod %s/%s not retried: %s", namespace, name, error)
-            return
+        while True:
+            try:
+                pod = await call(
+                    f"read pod {namespace}/{name}", self._core.read_namespaced_pod(name, namespace)
+                )
+                break
+            except KubeApiError as error:
+                if error.not_found:
+                    return
+                if error.status and error.status < 500:
+                    log.warning("pod %s/%s not retried: %s", namespace, name, error)
+                    return
+                await asyncio.sleep(RETRY_S[-1])  # the API server away (restarting): kubelet waits too
         await self._reconcile(pod, deleted=False)
 
     async def _finish(self, pod: Any, *, gone: bool) -> None:
