@@ -238,10 +238,7 @@ class Partitioner:
 
     async def _create(self, command: PartitionRequested, slot: _GpuSlot, started: float) -> PartitionResult:
         uid = command.claim_uid
-        allocation = self.ledger.allocation(uid) if uid else None
-        if (allocation is not None and command.command_id not in allocation.partitions) or (
-            uid and self.ledger.has_ended(uid)
-        ):
+        if uid and not await self._awaited_decision(uid, command.command_id):
             raise PartitionError(
                 f"claim {uid} is decided without command {command.command_id} (sent before the "
                 "allocator restarted and decided again) or has ended: nothing is created"
@@ -427,6 +424,29 @@ class Partitioner:
                     "still waiting to read a claim's release",
                     extra={"claim": claim_uid, "for": why, "waited_s": round(warned - waited, 1)},
                 )
+
+    def _decided_with(self, claim_uid: str, command_id: str) -> bool:
+        """The claim's decision, as this node has read it, names the command (or the claim is the
+        node's own, decided outside the allocator, and has not ended)."""
+        allocation = self.ledger.allocation(claim_uid)
+        if allocation is not None:
+            return command_id in allocation.partitions
+        return not self.ledger.has_ended(claim_uid)
+
+    async def _awaited_decision(self, claim_uid: str, command_id: str) -> bool:
+        """Whether the claim is decided with the command, its decision waited for a moment: the
+        command and the decision come on different streams, and a claim that failed once (for
+        capacity, or while its preemption went on) is decided again with the command on its way."""
+        deadline = time.monotonic() + self._claim_release_wait_s
+        while not self._decided_with(claim_uid, command_id):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._log_changed.wait(), remaining)
+            except TimeoutError:
+                return False
+        return True
 
     async def _wait_for_release(self, key: InstanceKey, releasing: str) -> str | None:
         """The live claim holding the instance; a release on its way through the log is waited for.

@@ -315,3 +315,32 @@ async def test_a_claim_that_failed_first_and_was_allocated_later_gets_its_instan
     await p.handle(create)
     [applied] = _results(collected)
     assert isinstance(applied, PartitionApplied) and applied.claim_uid == "claim-1"
+
+
+async def test_a_create_that_comes_before_the_decision_naming_it_waits_for_that_decision() -> None:
+    # the claim failed once (waiting for its preemption); the create of its new decision arrives on
+    # the node's stream before that decision arrives on the claims stream
+    nvml = sim("hgx-h200")
+    collected = Collected()
+    p = partitioner(nvml, collected, claim_release_wait_s=30.0)
+    p.observe(
+        ClaimFailed(key="claim-1", namespace="ns", name="claim-1", uid="claim-1", reason="0/1 nodes fit")
+    )
+    create = command("c-9", nvml, gpu=2, profile="1g.18gb", profile_id=19, start=0, size=1)
+    handling = asyncio.create_task(p.handle(create))
+    await asyncio.sleep(0)
+    assert not handling.done() and _results(collected) == []
+    p.observe(_allocated("claim-1", nvml, 2, start=0, size=1, partitions=("c-9",)))
+    await asyncio.wait_for(handling, 10)
+    [applied] = _results(collected)
+    assert isinstance(applied, PartitionApplied) and applied.claim_uid == "claim-1"
+
+
+async def test_a_create_for_a_claim_decided_without_it_is_refused_once_the_wait_is_over() -> None:
+    nvml = sim("hgx-h200")
+    collected = Collected()
+    p = partitioner(nvml, collected, claim_release_wait_s=0.05)
+    p.observe(_allocated("claim-1", nvml, 2, start=0, size=1, partitions=("c-other",)))
+    await p.handle(command("c-9", nvml, gpu=2, profile="1g.18gb", profile_id=19, start=0, size=1))
+    [failed] = _results(collected)
+    assert isinstance(failed, PartitionFailed) and "is decided without command c-9" in failed.reason
