@@ -175,6 +175,50 @@ class ClaimWriter:
             claim, self._view.classes, producer=self._producer, priority=self._requester.standing(claim)[0]
         )
 
+    async def _withdrawn(self, claim: dict[str, Any], allocation: dict[str, Any]) -> bool:
+        """Remove the allocation this allocator wrote when another writer (kube-scheduler, for a
+        pod the gate missed) allocated one of its devices to another claim in the same moment, and
+        no pod uses the claim yet: the API server then holds each device once, and kube-scheduler
+        allocates the claim for its pod (its gate is gone). False when it must stand."""
+        uid = uid_of(claim)
+        namespace, name = key_of(claim)
+        for _ in range(WRITE_TRIES):
+            current = allocation_of(claim)
+            if current is None:
+                return True
+            others = taken_by_others(uid, current, self._view.claims.holding(held_devices(current)))
+            if not others or (claim.get("status") or {}).get("reservedFor"):
+                return False
+            body = dict(claim)
+            body["status"] = {k: v for k, v in (claim.get("status") or {}).items() if k != "allocation"}
+            try:
+                claim = await call_json(
+                    f"withdraw the allocation of ResourceClaim {namespace}/{name}",
+                    self._resource.replace_namespaced_resource_claim_status(
+                        name,
+                        namespace,
+                        body,
+                        field_manager=COMPONENT,
+                        _preload_content=False,
+                        _request_timeout=self._timeout,
+                    ),
+                )
+            except KubeApiError as error:
+                if not (error.conflict or error.not_found):
+                    raise
+                found = await self.current_claim(namespace, name, uid)
+                if found is None:
+                    return True
+                claim = found
+                continue
+            log.warning(
+                "allocation withdrawn: another writer allocated one of its devices at the same time",
+                extra={"claim": f"{namespace}/{name}", "taken": sorted(others)},
+            )
+            self._view.claims[(namespace, name)] = claim
+            return True
+        return False
+
     def _ours(self, uid: str, allocation: dict[str, Any]) -> bool:
         """The allocation is the one the ledger decided (written by this allocator)."""
         if self._ledger.decided.get(uid) != "allocated":
@@ -188,10 +232,12 @@ class ClaimWriter:
             return
         allocation = allocation_of(claim)
         if allocation is not None and holds_driver(allocation):
-            # Failed after its allocation was written (its MIG instance could not be made): the
-            # allocation stands in the API server and the node prepares it, so the ledger holds
-            # its devices again rather than give them to another claim.
-            await self._publish(self._adopted_request(claim))
+            if not await self._withdrawn(claim, allocation):
+                # Failed after its allocation was written (its MIG instance could not be made, or
+                # another writer's allocation of a device came in the same moment and a pod
+                # already uses this one): the allocation stands in the API server and the node
+                # prepares it, so the ledger holds its devices again rather than give them out.
+                await self._publish(self._adopted_request(claim))
         else:
             self._requester.failed(failed.uid, failed.cause)
         if self._warned.get(failed.uid) == failed.reason:

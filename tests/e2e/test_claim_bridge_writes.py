@@ -17,7 +17,7 @@ from tangram.allocation import DeviceClass, FleetState
 from tangram.allocation.ledger import Ledger
 from tangram.events import ClaimAllocated, ClaimFailed, ClaimRequested, Event
 from tangram.kubernetes.api import KubeApiError, call, call_json
-from tangram.kubernetes.objects.claimbridge import claim_requested
+from tangram.kubernetes.objects.claimbridge import claim_adopted, claim_requested
 from tangram.kubernetes.objects.deviceclasses import load_shipped_device_classes
 from tangram.kubernetes.objects.names import SCHEDULING_GATE
 from tests.allocator.helpers import inventory
@@ -320,3 +320,54 @@ async def test_decisions_are_written_concurrently_and_each_claims_answers_in_ord
     assert setup.published == []
     events = await call("list events", setup.core.list_namespaced_event(setup.namespace))
     assert [e.reason for e in events.items if e.involved_object.name == "late"] == ["TangramUnschedulable"]
+
+
+async def _written_twice(setup: Setup, *, reserved: bool) -> tuple[dict[str, Any], ClaimFailed]:
+    """Claim "mine" allocated by Tangram and "other" by another writer, one device in both (their
+    writes crossed); returns "mine" as the API server holds it and the ledger's failure of it."""
+    mine = await setup.claim("mine")
+    allocated = setup.decide(mine)
+    setup.bridge.claims[(setup.namespace, "mine")] = mine
+    await setup.bridge._write(allocated)
+    written = await setup.read("mine")
+    if reserved:
+        written["status"]["reservedFor"] = [
+            {"resource": "pods", "name": "runs", "uid": "0c3b1f9e-0000-4000-8000-000000000001"}
+        ]
+        written = await call_json(
+            "kube-scheduler reserves it",
+            setup.resource.replace_namespaced_resource_claim_status(
+                "mine", setup.namespace, written, _preload_content=False
+            ),
+        )
+    other = await setup.claim("other")
+    other["status"] = {"allocation": allocation(allocated.devices[0].device)}
+    other = await call_json(
+        "kube-scheduler's allocation",
+        setup.resource.replace_namespaced_resource_claim_status(
+            "other", setup.namespace, other, _preload_content=False
+        ),
+    )
+    setup.bridge.claims[(setup.namespace, "mine")] = written
+    setup.bridge.claims[(setup.namespace, "other")] = other
+    request = claim_adopted(other, SHIPPED, producer="test")
+    [failed] = [e for e in setup.ledger.apply(request) if isinstance(e, ClaimFailed)]
+    assert failed.uid == allocated.uid
+    return written, failed
+
+
+async def test_an_allocation_crossed_by_another_writers_is_withdrawn_while_no_pod_uses_it(
+    setup: Setup,
+) -> None:
+    _, failed = await _written_twice(setup, reserved=False)
+    await setup.bridge._failed(failed)
+    assert (await setup.read("mine")).get("status", {}).get("allocation") is None
+    assert [e for e in setup.published if isinstance(e, ClaimRequested)] == []
+
+
+async def test_an_allocation_crossed_by_another_writers_stands_once_a_pod_uses_it(setup: Setup) -> None:
+    _, failed = await _written_twice(setup, reserved=True)
+    await setup.bridge._failed(failed)
+    assert (await setup.read("mine"))["status"]["allocation"] is not None
+    [adopted] = [e for e in setup.published if isinstance(e, ClaimRequested)]
+    assert adopted.uid == failed.uid and adopted.allocation is not None
