@@ -37,6 +37,9 @@ def test_a_device_in_two_live_claims_is_a_violation_and_one_held_by_a_claim_no_p
     assert devices_held_twice([claim("a", "gpu-2", deleting=True, reserved=False), claim("b", "gpu-2")]) == []
     # deleted while its pod still runs: it still holds them
     assert devices_held_twice([claim("a", "gpu-2", deleting=True), claim("b", "gpu-2")]) != []
+    assert devices_held_twice([claim("a", "gpu-2", deleting=True), claim("b", "gpu-2")], {"p"}) != []
+    # reserved for a pod already gone (the claim controller behind): its node unprepared it
+    assert devices_held_twice([claim("a", "gpu-2", deleting=True), claim("b", "gpu-2")], {"other"}) == []
 
 
 def test_mig_devices_and_allocations_are_counted_for_live_claims_only() -> None:

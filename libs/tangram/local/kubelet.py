@@ -214,7 +214,7 @@ class NodeKubelet:
             if failed:
                 # Kubelet keeps a pod whose claims it could not unprepare and tries again.
                 self._prepared[uid] = mine
-                log.warning("claims of pod %s not unprepared: %s", where, failed)
+                self._retry_later(pod, f"claims of pod {where} not unprepared: {failed}")
                 return
         if gone:
             return

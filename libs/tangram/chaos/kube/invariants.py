@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from tangram.events import ClaimAllocated, ClaimPreempting, ClaimReleased, Event
@@ -14,20 +14,27 @@ def _name(claim: Mapping[str, Any]) -> str:
     return f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
 
 
-def live(claim: Mapping[str, Any]) -> bool:
+def live(claim: Mapping[str, Any], pods: Collection[str] | None = None) -> bool:
     """A claim whose allocation holds its devices: not being deleted, or still reserved for a pod
-    (a claim being deleted that no pod uses any more holds nothing: its node has unprepared it)."""
-    deleting = bool((claim.get("metadata") or {}).get("deletionTimestamp"))
-    return not deleting or bool((claim.get("status") or {}).get("reservedFor"))
+    that exists (uids in `pods`, when given). A claim being deleted that no pod uses any more holds
+    nothing: its node has unprepared it, and a reservation left for a pod already gone (the claim
+    controller not caught up) keeps nothing on the node."""
+    if not (claim.get("metadata") or {}).get("deletionTimestamp"):
+        return True
+    reserved = [str(r.get("uid", "")) for r in (claim.get("status") or {}).get("reservedFor") or []]
+    return bool(reserved) and (pods is None or any(uid in pods for uid in reserved))
 
 
-def devices_held_twice(claims: Iterable[Mapping[str, Any]]) -> list[str]:
-    """A device in the allocations of two live claims at once (one listing: one moment)."""
+def devices_held_twice(
+    claims: Iterable[Mapping[str, Any]], pods: Collection[str] | None = None
+) -> list[str]:
+    """A device in the allocations of two live claims at once (one listing: one moment; `pods`,
+    the uids of the pods that exist, listed right after)."""
     holder: dict[Any, str] = {}
     twice: list[str] = []
     for claim in claims:
         allocation = allocation_of(claim)
-        if allocation is None or not live(claim):
+        if allocation is None or not live(claim, pods):
             continue
         for device in sorted(held_devices(allocation), key=str):
             other = holder.setdefault(device, _name(claim))

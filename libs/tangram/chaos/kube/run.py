@@ -294,7 +294,11 @@ class KubeChaosRun:
                     "list ResourceClaims",
                     resource.list_namespaced_resource_claim(NAMESPACE, _preload_content=False),
                 )
-                for line in devices_held_twice(listed.get("items") or []):
+                pods = await call_json(
+                    "list Pods", CoreV1Api(api).list_namespaced_pod(NAMESPACE, _preload_content=False)
+                )
+                uids = {str(p["metadata"]["uid"]) for p in pods.get("items") or []}
+                for line in devices_held_twice(listed.get("items") or [], uids):
                     self.problem("device_in_two_claims", line)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 1.0)
