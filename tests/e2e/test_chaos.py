@@ -49,3 +49,16 @@ def test_chaos_arguments_are_checked_with_one_clear_line() -> None:
         )
         assert done.returncode == 2 and message in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_chaos_on_kubernetes_names_a_release_it_has_no_control_plane_for() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tangram.cli", "chaos", "--kubernetes", "--kubernetes-version", "1.20"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "no control plane for Kubernetes 1.20: the versions built are" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -25,9 +25,7 @@ def live(claim: Mapping[str, Any], pods: Collection[str] | None = None) -> bool:
     return bool(reserved) and (pods is None or any(uid in pods for uid in reserved))
 
 
-def devices_held_twice(
-    claims: Iterable[Mapping[str, Any]], pods: Collection[str] | None = None
-) -> list[str]:
+def devices_held_twice(claims: Iterable[Mapping[str, Any]], pods: Collection[str] | None = None) -> list[str]:
     """A device in the allocations of two live claims at once (one listing: one moment; `pods`,
     the uids of the pods that exist, listed right after)."""
     holder: dict[Any, str] = {}

@@ -60,6 +60,7 @@ from tangram.local.processes import LocalCluster, leading_allocator, logged_heal
 
 RUNNING_WITHIN_S = 45.0  # a pod not running by then is deleted as it waits (its reason recorded)
 IN_FLIGHT_DELETE_S = 0.4  # a pod deleted in flight goes within this long of its creation
+QUIET_WITHIN_S = 60.0  # for the nodes' MIG instances to match the allocations once pods are settled
 
 
 class KubeChaosRun:
@@ -183,7 +184,13 @@ class KubeChaosRun:
 
     async def _create_pod(self, core: CoreV1Api, manifest: dict[str, Any]) -> None:
         name = manifest["metadata"]["name"]
-        await retrying(lambda: call(f"create Pod {name}", core.create_namespaced_pod(NAMESPACE, manifest)))
+        try:
+            await retrying(
+                lambda: call(f"create Pod {name}", core.create_namespaced_pod(NAMESPACE, manifest))
+            )
+        except KubeApiError as error:
+            if not error.already_exists:
+                raise  # already there: an earlier try landed before the API server went away
 
     async def _read_pod(self, core: CoreV1Api, name: str) -> dict[str, Any]:
         found: dict[str, Any] = await retrying(
@@ -358,18 +365,25 @@ class KubeChaosRun:
     async def check_quiet(self, api: Any, bus: Bus, gated_pods: list[str]) -> None:
         """With the cluster quiet: MIG instances match live allocations, the allocator's ledger
         matches the API server, and no pod is gated while capacity for its claim exists."""
-        claims = await self._claims(api)
-        made = {
-            node.name: len(self.nodes.mig_uuids(node) - self._before[node.name]) for node in self.config.nodes
-        }
-        held = mig_devices_by_node(claims)
-        for node in self.config.nodes:
-            if made[node.name] != held.get(node.name, 0):
-                self.problem(
-                    "mig_instances_differ_from_claims",
-                    f"node {node.name}: {made[node.name]} MIG instances made by Tangram, "
-                    f"{held.get(node.name, 0)} allocated",
-                )
+        claims: list[dict[str, Any]] = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + QUIET_WITHIN_S
+        while True:  # destroys of claims released just before may still be on their way
+            claims = await self._claims(api)
+            made = {
+                node.name: len(self.nodes.mig_uuids(node) - self._before[node.name])
+                for node in self.config.nodes
+            }
+            held = mig_devices_by_node(claims)
+            differ = [node.name for node in self.config.nodes if made[node.name] != held.get(node.name, 0)]
+            if not differ or loop.time() > deadline:
+                break
+            await asyncio.sleep(1.0)
+        for name in differ:
+            self.problem(
+                "mig_instances_differ_from_claims",
+                f"node {name}: {made[name]} MIG instances made by Tangram, {held.get(name, 0)} allocated",
+            )
         await self._check_ledger(api)
         await self._check_gated(api, bus, claims, gated_pods)
 
