@@ -197,6 +197,12 @@ async def test_kube_scheduler_alone_preempts_nothing_for_a_device_claim(
             assert not await pod_gone(node, "holder")
             found = await node.core.read_namespaced_pod("urgent", ns)
             assert found.status.phase == "Pending" and not found.status.nominated_node_name
+            # gone before this node goes: a pending pod left behind would be bound by kube-scheduler
+            # to the next test's node (the control plane is shared), taking its GPUs
+            for name in ("urgent", "holder"):
+                await node.core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
+            for name in ("urgent", "holder"):
+                await until(f"pod {name} gone", lambda name=name: pod_gone(node, name))
     finally:
         for suffix in CLASSES:
             with contextlib.suppress(KubeApiError, Exception):
