@@ -128,27 +128,12 @@ class ClaimWriter:
                 for other in taken.values():
                     await self.adopt(other)
                 return
-            body = dict(claim)
-            body["status"] = {**(claim.get("status") or {}), "allocation": allocation}
-            try:
-                claim = await call_json(
-                    f"write the allocation of ResourceClaim {namespace}/{name}",
-                    self._resource.replace_namespaced_resource_claim_status(
-                        name,
-                        namespace,
-                        body,
-                        field_manager=COMPONENT,
-                        _preload_content=False,
-                        _request_timeout=self._timeout,
-                    ),
-                )
-            except KubeApiError as error:
-                if not (error.conflict or error.not_found):
-                    raise
-                found = await self.current_claim(namespace, name, uid)
-                if found is None:
-                    return
-                claim = found
+            status = {**(claim.get("status") or {}), "allocation": allocation}
+            found, written = await self._put_status(claim, status, "write the allocation of")
+            if found is None:
+                return
+            claim = found
+            if not written:
                 continue
             log.info("claim allocation written", extra={"claim": f"{namespace}/{name}"})
             break
@@ -158,6 +143,32 @@ class ClaimWriter:
         # still holds the claim unallocated, allocate it itself, fail at PreBind ("got allocated
         # elsewhere in the meantime") and try the pod again only after a backoff of a second.
         self._view.claims[(namespace, name)] = claim
+
+    async def _put_status(
+        self, claim: dict[str, Any], status: dict[str, Any], what: str
+    ) -> tuple[dict[str, Any] | None, bool]:
+        """Replace the claim's status, guarded by the resourceVersion it was read with. Returns the
+        claim as written and True; on a conflict, the claim read again and False (None when it is
+        gone, or is another claim of that name now)."""
+        namespace, name = key_of(claim)
+        body = {**claim, "status": status}
+        try:
+            written = await call_json(
+                f"{what} ResourceClaim {namespace}/{name}",
+                self._resource.replace_namespaced_resource_claim_status(
+                    name,
+                    namespace,
+                    body,
+                    field_manager=COMPONENT,
+                    _preload_content=False,
+                    _request_timeout=self._timeout,
+                ),
+            )
+        except KubeApiError as error:
+            if not (error.conflict or error.not_found):
+                raise
+            return await self.current_claim(namespace, name, uid_of(claim)), False
+        return written, True
 
     async def adopt(self, claim: dict[str, Any]) -> None:
         """Tell the ledger of an allocation another writer made (once per claim)."""
@@ -189,27 +200,12 @@ class ClaimWriter:
             others = taken_by_others(uid, current, self._view.claims.holding(held_devices(current)))
             if not others or (claim.get("status") or {}).get("reservedFor"):
                 return False
-            body = dict(claim)
-            body["status"] = {k: v for k, v in (claim.get("status") or {}).items() if k != "allocation"}
-            try:
-                claim = await call_json(
-                    f"withdraw the allocation of ResourceClaim {namespace}/{name}",
-                    self._resource.replace_namespaced_resource_claim_status(
-                        name,
-                        namespace,
-                        body,
-                        field_manager=COMPONENT,
-                        _preload_content=False,
-                        _request_timeout=self._timeout,
-                    ),
-                )
-            except KubeApiError as error:
-                if not (error.conflict or error.not_found):
-                    raise
-                found = await self.current_claim(namespace, name, uid)
-                if found is None:
-                    return True
-                claim = found
+            status = {k: v for k, v in (claim.get("status") or {}).items() if k != "allocation"}
+            found, written = await self._put_status(claim, status, "withdraw the allocation of")
+            if found is None:
+                return True
+            claim = found
+            if not written:
                 continue
             log.warning(
                 "allocation withdrawn: another writer allocated one of its devices at the same time",

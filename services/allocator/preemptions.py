@@ -149,12 +149,7 @@ class Preemptions:
         for uid, reservation in sorted(self._ledger.reservations.items()):
             namespace, name = self._ledger.claims.get(uid, ("", ""))
             victims = [
-                PreemptionVictim(
-                    namespace=self._ledger.claims.get(v, ("", ""))[0],
-                    name=self._ledger.claims.get(v, ("", ""))[1],
-                    uid=v,
-                    priority=self._ledger.priorities.get(v, 0),
-                )
+                self._ledger.victim(v)
                 for v in reservation.victims
                 if self._ledger.fleet.allocation(v) is not None
             ]

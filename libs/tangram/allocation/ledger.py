@@ -404,15 +404,7 @@ class Ledger:
         self.reservations[request.uid] = Reservation(
             node=plan.node, priority=request.priority, victims=plan.victims
         )
-        victims = [
-            PreemptionVictim(
-                namespace=self.claims.get(v, ("", ""))[0],
-                name=self.claims.get(v, ("", ""))[1],
-                uid=v,
-                priority=self.priorities[v],
-            )
-            for v in plan.victims
-        ]
+        victims = [self.victim(v) for v in plan.victims]
         preempting = ClaimPreempting(
             key=request.key,
             event_id=derived_id(request.uid, "preempting", request.attempt),
@@ -433,6 +425,11 @@ class Ledger:
             f"lower priority on node {plan.node}: {named}"
         )
         return [preempting], msgspec.structs.replace(failed, reason=reason)
+
+    def victim(self, uid: str) -> PreemptionVictim:
+        """The claim as a preemption names it: where it is, and the priority it was asked with."""
+        namespace, name = self.claims.get(uid, ("", ""))
+        return PreemptionVictim(namespace=namespace, name=name, uid=uid, priority=self.priorities.get(uid, 0))
 
     def _may_be_lower(self, priority: int) -> bool:
         """Whether any claim the ledger knows has a priority below `priority`: without one there is

@@ -146,7 +146,7 @@ class ChaosChecks:
         while True:
             replayed = await self._replayed_ledger()
             try:
-                live = await asyncio.to_thread(_get_json, f"http://127.0.0.1:{self._allocator_port()}/state")
+                live = await asyncio.to_thread(get_json, f"http://127.0.0.1:{self._allocator_port()}/state")
                 differences = state_differences(live, json.loads(json.dumps(replayed)))
             except (OSError, ValueError) as exc:
                 differences = [f"the allocator's state cannot be read: {exc}"]
@@ -176,6 +176,6 @@ def device_classes() -> dict[str, DeviceClass]:
     return {device_class.name: device_class for device_class in classes}
 
 
-def _get_json(url: str) -> Any:
+def get_json(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 - a loopback URL built here
         return json.loads(response.read())

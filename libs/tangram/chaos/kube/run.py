@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
 import time
-import urllib.request
 from collections import Counter
 from typing import Any
 
@@ -26,7 +24,7 @@ from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api, SchedulingV1Api
 from tangram.allocation import FleetState
 from tangram.allocation.model import Allocated, Claim
 from tangram.bus import Bus, BusConfig
-from tangram.chaos.checks import device_classes
+from tangram.chaos.checks import device_classes, get_json
 from tangram.chaos.kube.config import KubeChaosConfig
 from tangram.chaos.kube.faults import KUBE_FAULT_KINDS, KubeFaultKind, kube_fault_order
 from tangram.chaos.kube.invariants import (
@@ -408,7 +406,7 @@ class KubeChaosRun:
             else:
                 try:
                     port = logged_health_port(self.cluster.service(leader).log_path)
-                    state = await asyncio.to_thread(_get_json, f"http://127.0.0.1:{port}/state")
+                    state = await asyncio.to_thread(get_json, f"http://127.0.0.1:{port}/state")
                     ledger = {uid: node for uid, node in (state.get("held") or {}).items()}
                     differences = [
                         f"claim {uid}: API server {expected.get(uid)}, ledger {ledger.get(uid)}"
@@ -581,11 +579,6 @@ class KubeChaosRun:
             if self.webhook is not None:
                 self.webhook.stop()
             await api.close()
-
-
-def _get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 - a loopback URL built here
-        return json.loads(response.read())
 
 
 async def kube_chaos(config: KubeChaosConfig) -> tuple[dict[str, Any], LocalCluster]:
