@@ -4,8 +4,10 @@ Every answer the API server can read is "allowed", with the gate's JSONPatch or 
 webhook only ever delays scheduling, never refuses a pod. Bodies over `max_body_bytes` get 413,
 non-JSON content 415, a body not in within the body timeout 408 (and the connection is closed),
 and a body that is no AdmissionReview 400, each counted; a review for
-another resource or operation, or one whose claims cannot be looked up in time, gets an allowed
-answer without a patch (kube-scheduler decides; Tangram adopts its allocation).
+another resource or operation gets an allowed answer without a patch. A pod whose claims cannot be
+looked up in time is gated all the same: let through, kube-scheduler would allocate Tangram's
+devices beside Tangram's allocator; gated, it waits a moment longer, and the allocator lifts the
+gate of a pod none of whose claims is Tangram's.
 """
 
 from __future__ import annotations
@@ -162,10 +164,11 @@ class AdmissionServer:
             )
         except (KubeApiError, TimeoutError) as error:
             log.warning(
-                "claims could not be looked up: the pod goes to kube-scheduler ungated",
+                "claims could not be looked up: the pod is gated, and the allocator lifts the gate "
+                "if none of its claims is Tangram's",
                 extra={"uid": review.uid, "namespace": review.namespace, "why": str(error) or "timeout"},
             )
-            return "lookup_failed", web.json_response(answer(review.uid))
+            return "lookup_failed", web.json_response(answer(review.uid, patch))
         extra = {"uid": review.uid, "namespace": review.namespace, "why": verdict.reason}
         if not verdict.gate:
             log.debug("pod not gated", extra=extra)

@@ -101,13 +101,17 @@ async def test_other_pods_pass_unchanged_and_a_gated_pod_is_not_gated_twice(
 
 
 @pytest.mark.parametrize("failure", [KubeApiError("read", 0, "Unreachable"), TimeoutError()])
-async def test_claims_that_cannot_be_read_let_the_pod_through_ungated(
+async def test_claims_that_cannot_be_read_gate_the_pod_all_the_same(
     served: tuple[str, StubLookup, ssl.SSLContext], failure: Exception
 ) -> None:
+    # let through, kube-scheduler would allocate Tangram's devices beside Tangram's allocator
     url, lookup, tls = served
     lookup.fail = failure
     status, answer = await post(url, tls, json.dumps(review(with_claims("tangram-1g"))).encode())
-    assert status == 200 and patch_of(answer) is None
+    assert status == 200 and answer["response"]["allowed"] is True
+    assert patch_of(answer) == [
+        {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": "gpu.tangram.dev/allocation"}]}
+    ]
 
 
 async def test_reviews_of_other_resources_or_operations_are_allowed_without_a_patch(

@@ -140,6 +140,7 @@ def test_helm_lint_is_clean(helm: Path, value_set: str, version: str) -> None:
         ("admission.mode", "both", "value must be one of"),
         ("admission.policy.apiVersion", "v1", "value must be one of"),
         ("admission.gateTimeoutSeconds", "-1", "minimum: got -1, want 0"),
+        ("admission.failurePolicy", "Open", "value must be one of"),
     ],
 )
 def test_lint_refuses_a_wrong_value(helm: Path, key: str, value: str, why: str) -> None:
@@ -1130,7 +1131,7 @@ def test_the_webhook_never_blocks_pods_and_sees_only_pods_with_claims(
 ) -> None:
     config = _one(rendered["default"], "MutatingWebhookConfiguration", "admission")
     (webhook,) = config["webhooks"]
-    assert webhook["failurePolicy"] == "Ignore" and webhook["sideEffects"] == "None"
+    assert webhook["failurePolicy"] == "Fail" and webhook["sideEffects"] == "None"
     assert webhook["rules"] == [
         {
             "apiGroups": [""],
@@ -1149,12 +1150,25 @@ def test_the_webhook_never_blocks_pods_and_sees_only_pods_with_claims(
     assert service["spec"]["ports"] == [{"name": "https", "port": 443, "targetPort": "https"}]
     policy = _one(rendered["admission-policy"], "MutatingAdmissionPolicy", "scheduling-gate")
     assert policy["apiVersion"] == "admissionregistration.k8s.io/v1beta1"
-    assert policy["spec"]["failurePolicy"] == "Ignore"
+    assert policy["spec"]["failurePolicy"] == "Fail"
     assert policy["spec"]["matchConditions"] == webhook["matchConditions"]
     binding = _one(rendered["admission-policy"], "MutatingAdmissionPolicyBinding", "scheduling-gate")
     assert binding["spec"]["matchResources"]["namespaceSelector"] == {
         "matchLabels": {"gpu.tangram.dev/admission": "enabled"}
     }
+
+
+def test_admission_failure_policy_is_chosen_for_webhook_and_policy_alike(helm: Path) -> None:
+    # Fail by default (asserted above): Ignore is the operator's explicit choice
+    webhook_set = _objects(chart.template(settings={"admission.failurePolicy": "Ignore"}, binary=helm))
+    (webhook,) = _one(webhook_set, "MutatingWebhookConfiguration", "admission")["webhooks"]
+    assert webhook["failurePolicy"] == "Ignore"
+    policy_set = _objects(
+        chart.template(
+            settings={"admission.mode": "policy", "admission.failurePolicy": "Ignore"}, binary=helm
+        )
+    )
+    assert _one(policy_set, "MutatingAdmissionPolicy", "scheduling-gate")["spec"]["failurePolicy"] == "Ignore"
 
 
 def test_admission_none_renders_neither(helm: Path) -> None:

@@ -192,6 +192,14 @@ async def test_a_restarted_webhook_reuses_its_certificates(kube: Any, served: Se
         "read the Secret", core.read_namespaced_secret("tangram-admission-tls", served.namespace)
     )
     assert served.webhook.stop() == 0  # SIGTERM: a clean exit
+    # failurePolicy Fail: while the webhook is down a pod with claims is refused, never admitted
+    # ungated (kube-scheduler would allocate Tangram's devices beside Tangram's allocator); a pod
+    # without claims never reaches the webhook
+    with pytest.raises(KubeApiError) as refused:
+        await gates_of(kube, served.namespace, pod("while-down", templates=("mig-1g",)), dry_run=True)
+    assert refused.value.status == 500 and "failed calling webhook" in str(refused.value)
+    assert "pods.admission.gpu.tangram.dev" in str(refused.value)
+    assert await gates_of(kube, served.namespace, pod("no-claims-while-down"), dry_run=True) == []
     served.webhook = served.start()
     await until("the restarted webhook ready", lambda: ready(served.webhook), WAIT_S)
     after = await call(
