@@ -145,6 +145,28 @@ def test_an_eviction_refused_plans_the_preemption_again_without_that_victim() ->
     assert book.reservations[high.uid].victims == (request(3, {}).uid,)
 
 
+def test_a_reservation_given_up_live_is_given_up_by_a_rebuilt_ledger_too() -> None:
+    book = ledger()
+    log = two_full_l40s_nodes(book)
+    high = asked(9, gpus(4), 100)
+    first = book.apply(high)
+    assert isinstance(first[-1], ClaimFailed) and first[-1].reserved_node == first[0].node
+    # every lower claim's eviction refused: no victim left, the reservation is given up
+    every_lower = [request(n, {}).uid for n in (1, 2, 3, 4, 5)]
+    refused = msgspec.structs.replace(high, attempt=1, protected=every_lower)
+    [given_up] = book.apply(refused)
+    assert isinstance(given_up, ClaimFailed) and given_up.reserved_node == ""
+    assert book.reservations == {}
+    rebuilt = ledger()
+    for event in [*log, high, *first, refused, given_up]:
+        rebuilt.apply(event, live=False)
+    assert rebuilt.reservations == {}
+    # so a claim of lower priority may have the node once its victim-to-be is freed, live and rebuilt
+    for each in (book, rebuilt):
+        each.apply(released(2))
+        assert isinstance(each.apply(asked(10, gpus(4), 0))[0], ClaimAllocated)
+
+
 def test_a_whole_gpu_preempts_the_mig_claims_of_one_gpu_and_gets_it_once_they_are_destroyed() -> None:
     book = ledger()
     book.apply(inventory("dgx-h100", "n1"), live=False)

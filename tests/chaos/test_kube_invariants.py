@@ -10,9 +10,16 @@ from tangram.chaos.kube.invariants import (
     allocated_by_uid,
     devices_held_twice,
     mig_devices_by_node,
-    preemptors_placed_elsewhere,
+    reserved_nodes_taken,
 )
-from tangram.events import ClaimAllocated, ClaimPreempting, ClaimReleased, PreemptionVictim
+from tangram.events import (
+    ClaimAllocated,
+    ClaimFailed,
+    ClaimPreempting,
+    ClaimReleased,
+    ClaimRequested,
+    PreemptionVictim,
+)
 
 DRIVER = "gpu.tangram.dev"
 
@@ -52,7 +59,7 @@ def test_mig_devices_and_allocations_are_counted_for_live_claims_only() -> None:
     assert allocated_by_uid(claims) == {"uid-a": "n1"}
 
 
-def test_a_preemptor_allocated_off_its_reserved_node_is_a_violation() -> None:
+def test_a_claim_not_above_the_preemptor_allocated_on_its_reserved_node_is_a_violation() -> None:
     victim = PreemptionVictim(namespace="chaos", name="v", uid="uid-v", priority=100)
     preempting = ClaimPreempting(
         key="uid-p",
@@ -60,20 +67,42 @@ def test_a_preemptor_allocated_off_its_reserved_node_is_a_violation() -> None:
         name="p",
         uid="uid-p",
         node="n1",
-        priority=1000,
+        priority=500,
         victims=[victim],
         reason="full",
     )
 
-    def allocated(node: str) -> ClaimAllocated:
-        return ClaimAllocated(key="uid-p", namespace="chaos", name="p", uid="uid-p", node=node, devices=[])
+    def asked(name: str, priority: int) -> ClaimRequested:
+        return ClaimRequested(
+            key=f"uid-{name}", namespace="chaos", name=name, uid=f"uid-{name}", spec={}, priority=priority
+        )
 
-    assert preemptors_placed_elsewhere([preempting, allocated("n1")]) == []
-    assert preemptors_placed_elsewhere([preempting, allocated("n2")]) == [
-        "claim chaos/p preempted on node n1, allocated on n2"
+    def allocated(name: str, node: str) -> ClaimAllocated:
+        return ClaimAllocated(
+            key=f"uid-{name}", namespace="chaos", name=name, uid=f"uid-{name}", node=node, devices=[]
+        )
+
+    def failed(reserved_node: str) -> ClaimFailed:
+        return ClaimFailed(
+            key="uid-p", namespace="chaos", name="p", uid="uid-p", reason="full", reserved_node=reserved_node
+        )
+
+    before = [asked("p", 500), asked("low", 100), asked("same", 500), asked("high", 1000), preempting]
+    assert reserved_nodes_taken([*before, allocated("low", "n1")]) == [
+        "claim chaos/low (priority 100) allocated on node n1, reserved for chaos/p (priority 500)"
     ]
+    assert len(reserved_nodes_taken([*before, failed("n1"), allocated("same", "n1")])) == 1
+    # above the preemptor, on another node, or the preemptor's own: none is a violation
+    assert reserved_nodes_taken([*before, allocated("high", "n1"), allocated("low", "n2")]) == []
+    assert reserved_nodes_taken([*before, allocated("p", "n1"), allocated("low", "n1")]) == []
+    # the preemptor placed elsewhere first (capacity freed there) ends the reservation
+    assert reserved_nodes_taken([*before, allocated("p", "n2"), allocated("low", "n1")]) == []
+    # given up (a failure naming no reserved node), or moved by a failure naming another node
+    assert reserved_nodes_taken([*before, failed(""), allocated("low", "n1")]) == []
+    assert reserved_nodes_taken([*before, failed("n2"), allocated("low", "n1")]) == []
+    assert len(reserved_nodes_taken([*before, failed("n2"), allocated("low", "n2")])) == 1
     released = ClaimReleased(key="uid-p", namespace="chaos", name="p", uid="uid-p")
-    assert preemptors_placed_elsewhere([preempting, released, allocated("n2")]) == []
+    assert reserved_nodes_taken([*before, released, allocated("low", "n1")]) == []
 
 
 def test_every_fault_kind_comes_once_a_round_in_a_seeded_order() -> None:

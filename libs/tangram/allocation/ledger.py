@@ -163,6 +163,9 @@ class Ledger:
                     node=event.node, priority=event.priority, victims=tuple(v.uid for v in event.victims)
                 )
             case ClaimFailed(uid=uid):
+                if not event.reserved_node:
+                    # a reservation given up when the claim was decided again is given up on replay too
+                    self.reservations.pop(uid, None)
                 self._note_decided(uid, counted=event.cause == "capacity")
                 self.decided[uid] = "failed"
                 self.attempts[uid] = max(self.attempts.get(uid, 0), event.attempt)
@@ -299,6 +302,7 @@ class Ledger:
             preempting: list[Event] = []
             if decision.cause == "capacity":
                 preempting, decision = self._preempt(request, claim, classes, decision)
+            standing = self.reservations.get(request.uid)
             return [
                 *preempting,
                 ClaimFailed(
@@ -314,6 +318,7 @@ class Ledger:
                     positions=dict(self.positions),
                     attempt=request.attempt,
                     cause=decision.cause,
+                    reserved_node=standing.node if standing is not None else "",
                 ),
             ]
         self.decided[request.uid] = "allocated"

@@ -129,6 +129,9 @@ class ClaimFailed(Event, tag="claim.failed", frozen=True, kw_only=True):
     positions: dict[str, int] = {}  # as on ClaimAllocated
     attempt: int = 0  # the ClaimRequested.attempt decided
     cause: FailureCause = "capacity"
+    # the node reserved for this claim's preemption while it waits for the victims' devices;
+    # empty when none is (never planned, or the reservation was given up)
+    reserved_node: str = ""
 
 
 class PreemptionVictim(msgspec.Struct, frozen=True, kw_only=True):

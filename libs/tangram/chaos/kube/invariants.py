@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
-from tangram.events import ClaimAllocated, ClaimPreempting, ClaimReleased, Event
+from tangram.events import ClaimAllocated, ClaimFailed, ClaimPreempting, ClaimReleased, ClaimRequested, Event
 from tangram.kubernetes.objects.claimbridge import allocation_of, held_devices
 
 
@@ -64,20 +64,36 @@ def allocated_by_uid(claims: Iterable[Mapping[str, Any]]) -> dict[str, str]:
     return found
 
 
-def preemptors_placed_elsewhere(log: Iterable[Event]) -> list[str]:
-    """A claim allocated while a preemption reserved a node for it, on another node."""
-    reserved: dict[str, str] = {}
-    wrong: list[str] = []
+def reserved_nodes_taken(log: Iterable[Event]) -> list[str]:
+    """A claim allocated on a node while that node stood reserved for another claim's preemption,
+    when the claim's priority is not above the preemptor's: what preemption frees is the
+    preemptor's alone. The reservation stands from the ClaimPreempting until the preemptor is
+    allocated (on that node, or elsewhere once capacity freed there first) or released, or a
+    failure of the preemptor names no reserved node (it was given up); a failure naming another
+    node moves it."""
+    priority: dict[str, int] = {}
+    reserved: dict[str, tuple[str, int, str]] = {}  # preemptor uid -> node, its priority, its name
+    taken: list[str] = []
     for event in log:
-        if isinstance(event, ClaimPreempting):
-            reserved[event.uid] = event.node
+        if isinstance(event, ClaimRequested):
+            priority[event.uid] = event.priority
+        elif isinstance(event, ClaimPreempting):
+            reserved[event.uid] = (event.node, event.priority, f"{event.namespace}/{event.name}")
+        elif isinstance(event, ClaimFailed) and event.uid in reserved:
+            if event.reserved_node:
+                node, at, name = reserved[event.uid]
+                reserved[event.uid] = (event.reserved_node, at, name)
+            else:
+                del reserved[event.uid]
         elif isinstance(event, ClaimAllocated):
-            node = reserved.pop(event.uid, None)
-            if node is not None and node != event.node:
-                wrong.append(
-                    f"claim {event.namespace}/{event.name} preempted on node {node}, "
-                    f"allocated on {event.node}"
-                )
+            reserved.pop(event.uid, None)
+            own = priority.get(event.uid)
+            for node, at, preemptor in reserved.values():
+                if node == event.node and (own is None or own <= at):
+                    taken.append(
+                        f"claim {event.namespace}/{event.name} (priority {own}) allocated on node "
+                        f"{node}, reserved for {preemptor} (priority {at})"
+                    )
         elif isinstance(event, ClaimReleased):
             reserved.pop(event.uid, None)
-    return wrong
+    return taken
