@@ -21,7 +21,7 @@ import aiohttp
 import grpc
 from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api, V1DeleteOptions, V1Preconditions
 
-from tangram.kubelet.client import ClaimHandle, KubeletClient
+from tangram.kubelet.client import KUBELET_TIMEOUT_S, ClaimHandle, KubeletClient
 from tangram.kubernetes.api import KubeApiError, call
 from tangram.kubernetes.api.watching import AbandoningWatch
 from tangram.kubernetes.objects.times import kube_time
@@ -29,6 +29,11 @@ from tangram.kubernetes.objects.times import kube_time
 log = logging.getLogger("tangram.local.kubelet")
 
 RETRY_S = (0.5, 1.0, 2.0, 5.0)  # between prepare attempts of a Pod whose claims are not ready
+# Every request is bounded: the API client waits for ever by default, and one request left hanging
+# across an API server restart held the node's lock, and so every Pod of the node, for good.
+REQUEST_S = 30.0
+RECONCILE_S = 2 * KUBELET_TIMEOUT_S + 4 * REQUEST_S  # one Pod's prepare or unprepare, at most
+WATCH_IDLE_S = 330.0  # the watch asks the server to end it after 300 s; past this it is gone
 
 
 @dataclass
@@ -43,6 +48,7 @@ class NodeKubelet:
         self._resource = ResourceV1Api(api)
         self._client = KubeletClient(dra_socket)
         self._prepared: dict[str, _PodClaims] = {}  # pod uid -> its claims, prepared
+        self._running: set[str] = set()  # pods prepared and marked Running
         self._retries: dict[str, asyncio.Task[None]] = {}
         self._attempts: dict[str, int] = {}
         self._lock = asyncio.Lock()
@@ -57,6 +63,10 @@ class NodeKubelet:
                     # the API server gone (restarting, say): list and watch again once it answers
                     log.warning("pod watch of node %s interrupted: %s", self.node, error)
                     await _wait(stop, 1.0)
+                except Exception:
+                    # kubelet keeps serving its node whatever one Pod did; so does its stand-in
+                    log.exception("pod watch of node %s failed; listing again", self.node)
+                    await _wait(stop, 1.0)
         finally:
             for task in self._retries.values():
                 task.cancel()
@@ -66,7 +76,8 @@ class NodeKubelet:
     async def _serve_once(self, stop: asyncio.Event) -> None:
         selector = f"spec.nodeName={self.node}"
         listed = await call(
-            f"list Pods of node {self.node}", self._core.list_pod_for_all_namespaces(field_selector=selector)
+            f"list Pods of node {self.node}",
+            self._core.list_pod_for_all_namespaces(field_selector=selector, _request_timeout=REQUEST_S),
         )
         for pod in listed.items:
             await self._reconcile(pod, deleted=False)
@@ -81,11 +92,15 @@ class NodeKubelet:
                 )
                 while not stop.is_set():
                     following = asyncio.ensure_future(anext(stream))
-                    await asyncio.wait([following, stopped], return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait(
+                        [following, stopped], timeout=WATCH_IDLE_S, return_when=asyncio.FIRST_COMPLETED
+                    )
                     if not following.done():
                         following.cancel()
                         await asyncio.gather(following, return_exceptions=True)
-                        return
+                        if stop.is_set():
+                            return
+                        raise TimeoutError(f"no pod watch event in {WATCH_IDLE_S:g} s")
                     try:
                         event = following.result()
                     except StopAsyncIteration:
@@ -100,29 +115,27 @@ class NodeKubelet:
     async def _reconcile(self, pod: Any, *, deleted: bool) -> None:
         async with self._lock:
             uid = pod.metadata.uid
-            if deleted or pod.metadata.deletion_timestamp is not None:
-                await self._finish(pod, gone=deleted)
-            elif uid not in self._prepared and pod.status.phase in (None, "Pending", "Running"):
-                await self._start(pod)
+            where = f"{pod.metadata.namespace}/{pod.metadata.name}"
+            try:
+                async with asyncio.timeout(RECONCILE_S):
+                    if deleted or pod.metadata.deletion_timestamp is not None:
+                        await self._finish(pod, gone=deleted)
+                    elif pod.status.phase in (None, "Pending", "Running") and uid not in self._running:
+                        await self._start(pod)
+            except (KubeApiError, TimeoutError) as error:
+                # the API server or the plugin away: this Pod is tried again, the others go on
+                if not deleted:
+                    self._retry_later(pod, f"pod {where} not reconciled: {error or 'timed out'}")
 
     async def _start(self, pod: Any) -> None:
+        """Prepare the Pod's claims, then mark it Running; a Pod prepared whose mark did not land
+        (the API server away) is only marked."""
         where = f"{pod.metadata.namespace}/{pod.metadata.name}"
-        try:
-            handles = await self._claims_of(pod)
-            answers = await self._client.prepare(handles) if handles else {}
-        except (KubeApiError, _NotYet) as error:
-            self._retry_later(pod, f"claims of pod {where} not ready: {error}")
-            return
-        except grpc.aio.AioRpcError as error:
-            # The plugin is not serving yet (or restarting): kubelet tries again too.
-            self._retry_later(pod, f"claims of pod {where} not prepared: plugin: {error.details()}")
-            return
-        errors = [f"{h.namespace}/{h.name}: {answers[h.uid].error}" for h in handles if answers[h.uid].error]
-        if errors:
-            self._retry_later(pod, f"claims of pod {where} not prepared: {'; '.join(errors)}")
-            return
-        self._prepared[pod.metadata.uid] = _PodClaims(handles)
-        self._attempts.pop(pod.metadata.uid, None)
+        prepared = self._prepared.get(pod.metadata.uid)
+        if prepared is None:
+            prepared = await self._prepare(pod, where)
+            if prepared is None:
+                return
         if pod.status.phase != "Running":
             now = kube_time(datetime.now(UTC))
             status = {
@@ -137,9 +150,35 @@ class NodeKubelet:
             }
             await call(
                 f"mark pod {where} Running",
-                self._core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, status),
+                self._core.patch_namespaced_pod_status(
+                    pod.metadata.name, pod.metadata.namespace, status, _request_timeout=REQUEST_S
+                ),
             )
-        log.info("pod running", extra={"pod": where, "node": self.node, "claims": [h.name for h in handles]})
+        self._running.add(pod.metadata.uid)
+        log.info(
+            "pod running",
+            extra={"pod": where, "node": self.node, "claims": [h.name for h in prepared.handles]},
+        )
+
+    async def _prepare(self, pod: Any, where: str) -> _PodClaims | None:
+        """The Pod's claims prepared through the plugin; None when they are not (tried again later)."""
+        try:
+            handles = await self._claims_of(pod)
+            answers = await self._client.prepare(handles) if handles else {}
+        except (KubeApiError, _NotYet) as error:
+            self._retry_later(pod, f"claims of pod {where} not ready: {error}")
+            return None
+        except grpc.aio.AioRpcError as error:
+            # The plugin is not serving yet (or restarting): kubelet tries again too.
+            self._retry_later(pod, f"claims of pod {where} not prepared: plugin: {error.details()}")
+            return None
+        errors = [f"{h.namespace}/{h.name}: {answers[h.uid].error}" for h in handles if answers[h.uid].error]
+        if errors:
+            self._retry_later(pod, f"claims of pod {where} not prepared: {'; '.join(errors)}")
+            return None
+        prepared = self._prepared[pod.metadata.uid] = _PodClaims(handles)
+        self._attempts.pop(pod.metadata.uid, None)
+        return prepared
 
     async def _claims_of(self, pod: Any) -> list[ClaimHandle]:
         generated = {s.name: s.resource_claim_name for s in pod.status.resource_claim_statuses or []}
@@ -158,7 +197,9 @@ class NodeKubelet:
         for name in names:
             claim = await call(
                 f"read ResourceClaim {pod.metadata.namespace}/{name}",
-                self._resource.read_namespaced_resource_claim(name, pod.metadata.namespace),
+                self._resource.read_namespaced_resource_claim(
+                    name, pod.metadata.namespace, _request_timeout=REQUEST_S
+                ),
             )
             if claim.status is None or claim.status.allocation is None:
                 raise _NotYet(f"ResourceClaim {name} is not allocated")
@@ -183,7 +224,8 @@ class NodeKubelet:
         while True:
             try:
                 pod = await call(
-                    f"read pod {namespace}/{name}", self._core.read_namespaced_pod(name, namespace)
+                    f"read pod {namespace}/{name}",
+                    self._core.read_namespaced_pod(name, namespace, _request_timeout=REQUEST_S),
                 )
                 break
             except KubeApiError as error:
@@ -202,6 +244,7 @@ class NodeKubelet:
         if retry is not None and retry is not asyncio.current_task():
             retry.cancel()
         self._attempts.pop(uid, None)
+        self._running.discard(uid)
         mine = self._prepared.pop(uid, None)
         if mine is not None:
             still_used = {h.uid for other in self._prepared.values() for h in other.handles}
@@ -222,7 +265,9 @@ class NodeKubelet:
         try:
             await call(
                 f"remove pod {where}",
-                self._core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, body=options),
+                self._core.delete_namespaced_pod(
+                    pod.metadata.name, pod.metadata.namespace, body=options, _request_timeout=REQUEST_S
+                ),
             )
         except KubeApiError as error:
             if not error.not_found and error.status != 409:

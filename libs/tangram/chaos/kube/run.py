@@ -31,7 +31,7 @@ from tangram.chaos.kube.invariants import (
     allocated_by_uid,
     devices_held_twice,
     mig_devices_by_node,
-    preemptors_placed_elsewhere,
+    reserved_nodes_taken,
 )
 from tangram.chaos.kube.pods import (
     NAMESPACE,
@@ -59,6 +59,7 @@ from tangram.local.processes import LocalCluster, leading_allocator, logged_heal
 RUNNING_WITHIN_S = 45.0  # a pod not running by then is deleted as it waits (its reason recorded)
 IN_FLIGHT_DELETE_S = 0.4  # a pod deleted in flight goes within this long of its creation
 QUIET_WITHIN_S = 60.0  # for the nodes' MIG instances to match the allocations once pods are settled
+ADMISSION_DOWN = "failed calling webhook"  # the API server's refusal while the webhook is down
 
 
 class KubeChaosRun:
@@ -72,6 +73,7 @@ class KubeChaosRun:
         self.outcomes: Counter[str] = Counter()
         self.problems: dict[str, list[str]] = {}
         self.begun = 0
+        self.creates_refused = 0  # pod creates the API server refused because admission was down
         self.ending = asyncio.Event()
         self.hook: admission.LocalWebhook | None = None
         self.webhook: admission.WebhookProcess | None = None
@@ -181,11 +183,20 @@ class KubeChaosRun:
         )
 
     async def _create_pod(self, core: CoreV1Api, manifest: dict[str, Any]) -> None:
+        """Create the pod as its controller would: again while the API server is down, or refuses
+        it because the webhook is (failurePolicy Fail: never admitted without the gate)."""
         name = manifest["metadata"]["name"]
+
+        async def create() -> Any:
+            try:
+                return await call(f"create Pod {name}", core.create_namespaced_pod(NAMESPACE, manifest))
+            except KubeApiError as error:
+                if ADMISSION_DOWN in str(error):
+                    self.creates_refused += 1
+                raise
+
         try:
-            await retrying(
-                lambda: call(f"create Pod {name}", core.create_namespaced_pod(NAMESPACE, manifest))
-            )
+            await retrying(create)
         except KubeApiError as error:
             if not error.already_exists:
                 raise  # already there: an earlier try landed before the API server went away
@@ -546,8 +557,8 @@ class KubeChaosRun:
             stop_sampler.set()
             await sampler
             log = [event async for _, event in bus.replay(CLAIMS_STREAM)]
-            for line in preemptors_placed_elsewhere(log):
-                self.problem("preemptor_not_on_reserved_node", line)
+            for line in reserved_nodes_taken(log):
+                self.problem("reserved_node_taken", line)
             for line in self.cluster.dead():
                 self.problem("service_died", line)
             violations = {kind: len(lines) for kind, lines in sorted(self.problems.items()) if lines}
@@ -559,6 +570,7 @@ class KubeChaosRun:
                 "nodes": {node.name: node.machine for node in self.config.nodes},
                 "outcomes": dict(sorted(self.outcomes.items())),
                 "faults": {kind: self.faults[kind] for kind in KUBE_FAULT_KINDS},
+                "pod_creates_refused_by_admission": self.creates_refused,
                 "preemptions": sum(1 for e in log if type(e).__name__ == "ClaimPreempting"),
                 "violations": violations,
                 "violation_examples": {kind: self.problems[kind][:5] for kind in violations},
