@@ -1,6 +1,7 @@
-"""`tangram chaos --kubernetes` with a few dozen pods: the real control plane, the webhook, two
-allocators and two simulated nodes; every fault kind injected (the API server and etcd killed and
-restarted on their data among them), and no invariant violated."""
+"""`tangram chaos --kubernetes` with a few dozen pods: the real control plane (the newest release and
+the oldest Tangram supports), the webhook, two allocators and two simulated nodes; every fault kind
+injected (the API server and etcd killed and restarted on their data among them), and no invariant
+violated."""
 
 from __future__ import annotations
 
@@ -9,13 +10,19 @@ import shutil
 import pytest
 
 from tangram.chaos.kube import KUBE_FAULT_KINDS, KubeChaosConfig, kube_chaos
+from tangram.local.controlplane import RELEASES, Release
 
 pytestmark = [pytest.mark.controlplane]
 
 
 @pytest.mark.timeout(600)
-async def test_a_short_chaos_run_on_kubernetes_injects_every_fault_and_violates_nothing() -> None:
-    config = KubeChaosConfig(pods=40, seed=3, concurrency=12, fault_interval_s=1.0, keep_at_end=4)
+@pytest.mark.parametrize("release", RELEASES, ids=lambda r: r.version)
+async def test_a_short_chaos_run_on_kubernetes_injects_every_fault_and_violates_nothing(
+    release: Release,
+) -> None:
+    config = KubeChaosConfig(
+        pods=40, seed=3, concurrency=12, fault_interval_s=1.0, keep_at_end=4, release=release
+    )
     report, cluster = await kube_chaos(config)
     print(f"\nchaos --kubernetes: {report['pods']} pods in {report['wall_s']} s, phases {report['phases_s']}")
     try:

@@ -125,7 +125,7 @@ class NodeKubelet:
             except (KubeApiError, TimeoutError) as error:
                 # the API server or the plugin away: this Pod is tried again, the others go on
                 if not deleted:
-                    self._retry_later(pod, f"pod {where} not reconciled: {error or 'timed out'}")
+                    self._retry_later(pod, f"pod {where} not reconciled: {str(error) or 'timed out'}")
 
     async def _start(self, pod: Any) -> None:
         """Prepare the Pod's claims, then mark it Running; a Pod prepared whose mark did not land
