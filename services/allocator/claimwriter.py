@@ -183,7 +183,7 @@ class ClaimWriter:
     def _adopted_request(self, claim: dict[str, Any]) -> ClaimRequested:
         """The request telling the ledger of the claim's allocation, with its pods' priority."""
         return claim_adopted(
-            claim, self._view.classes, producer=self._producer, priority=self._requester.standing(claim)[0]
+            claim, self._view.classes, producer=self._producer, priority=self._requester.rank(claim)[0]
         )
 
     async def _withdrawn(self, claim: dict[str, Any], allocation: dict[str, Any]) -> bool:

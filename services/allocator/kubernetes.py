@@ -119,7 +119,8 @@ class ClaimBridge:
             request_timeout_s=request_timeout_s,
             watch_timeout_s=watch_timeout_s,
         )
-        self._requester.standing = self._preemptions.standing
+        self._requester.rank = self._preemptions.rank
+        self._requester.protected = self._preemptions.protected
         self._provisioning = Provisioning(api, request_timeout_s=request_timeout_s)
         self._nodes_seen: frozenset[str] = frozenset()
         self._writer = ClaimWriter(

@@ -78,14 +78,13 @@ class Preemptions:
 
     # --- what a claim is asked with --------------------------------------------------------------
 
-    def standing(self, claim: dict[str, Any]) -> tuple[int, PreemptionPolicy, list[str]]:
-        """The claim's priority and preemption policy, and the claims it may not preempt now."""
-        priority, policy = claim_priority(self._gates.pods.users_of(claim_ref(claim)))
-        if policy == "Never":
-            return priority, policy, []
-        return priority, policy, sorted(self._protected())
+    def rank(self, claim: dict[str, Any]) -> tuple[int, PreemptionPolicy]:
+        """The claim's priority and preemption policy, from its pods."""
+        return claim_priority(self._gates.pods.users_of(claim_ref(claim)))
 
-    def _protected(self) -> set[str]:
+    def protected(self) -> list[str]:
+        """The claims no claim may preempt now: a budget allows their pods no disruption, or their
+        eviction was refused lately."""
         now = asyncio.get_running_loop().time()
         self._refused = {uid: at for uid, at in self._refused.items() if now - at < REFUSED_FOR_S}
         protected = set(self._refused)
@@ -96,7 +95,7 @@ class Preemptions:
                 claim = self._view.claims.get((key[0], name))
                 if claim is not None:
                     protected.add(uid_of(claim))
-        return protected
+        return sorted(protected)
 
     # --- budgets ---------------------------------------------------------------------------------
 

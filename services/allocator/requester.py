@@ -26,13 +26,19 @@ from tangram.kubernetes.objects.claimbridge import (
 )
 
 Publish = Callable[[Event], Awaitable[object]]
-# A claim's priority, preemption policy and the claims it may not preempt now (from its pods and
-# the disruption budgets: `services.allocator.preemptions.Preemptions.standing`).
-Standing = Callable[[dict[str, Any]], tuple[int, PreemptionPolicy, list[str]]]
+# A claim's priority and preemption policy, from its pods (`Preemptions.rank`); and the claims no
+# claim may preempt now, from the disruption budgets (`Preemptions.protected`). Apart, because every
+# claim is ranked when it joins the line, and only a request that may preempt needs the budgets.
+Rank = Callable[[dict[str, Any]], tuple[int, PreemptionPolicy]]
+Protected = Callable[[], list[str]]
 
 
-def unranked(claim: dict[str, Any]) -> tuple[int, PreemptionPolicy, list[str]]:
-    return 0, "PreemptLowerPriority", []
+def unranked(claim: dict[str, Any]) -> tuple[int, PreemptionPolicy]:
+    return 0, "PreemptLowerPriority"
+
+
+def unprotected() -> list[str]:
+    return []
 
 
 class ClaimRequester:
@@ -44,10 +50,12 @@ class ClaimRequester:
         *,
         producer: str,
         max_in_flight: int,
-        standing: Standing = unranked,
+        rank: Rank = unranked,
+        protected: Protected = unprotected,
     ) -> None:
         self._view = view
-        self.standing = standing
+        self.rank = rank
+        self.protected = protected
         self._ledger = ledger
         self._producer = producer
         self._requested: dict[str, int] = {}  # uid -> the attempt asked last
@@ -68,13 +76,13 @@ class ClaimRequester:
         self._attempts[uid] = attempt
         self._requested[uid] = attempt
         self._known.add(uid)
-        self.asker.enqueue(key_of(claim)[0], uid, self.standing(claim)[0])
+        self.asker.enqueue(key_of(claim)[0], uid, self.rank(claim)[0])
 
     def request_for(self, uid: str) -> ClaimRequested | None:
         claim = self.claim_by_uid(uid)
         if claim is None or classify(claim, self._view.classes) != "tangram":
             return None  # deleted, or no longer Tangram's, while it waited
-        priority, policy, protected = self.standing(claim)
+        priority, policy = self.rank(claim)
         return claim_requested(
             claim,
             self._view.classes,
@@ -82,7 +90,7 @@ class ClaimRequester:
             attempt=self._attempts[uid],
             priority=priority,
             preemption_policy=policy,
-            protected=protected,
+            protected=self.protected() if policy != "Never" else [],
         )
 
     def knows(self, uid: str) -> bool:
