@@ -70,6 +70,16 @@ class Setup:
             self.resource.read_namespaced_resource_claim(name, self.namespace, _preload_content=False),
         )
 
+    async def allocated_by_another(self, claim: dict[str, Any], device: str) -> dict[str, Any]:
+        """The claim (as read) given `device` by another writer, as kube-scheduler writes it."""
+        claim["status"] = {"allocation": allocation(device)}
+        return await call_json(
+            "kube-scheduler's allocation",
+            self.resource.replace_namespaced_resource_claim_status(
+                claim["metadata"]["name"], self.namespace, claim, _preload_content=False
+            ),
+        )
+
     def decide(self, claim: dict[str, Any]) -> ClaimAllocated:
         *_, allocated = self.ledger.apply(claim_requested(claim, SHIPPED, producer="test"))
         assert isinstance(allocated, ClaimAllocated)
@@ -131,14 +141,7 @@ async def test_an_allocation_someone_else_wrote_first_stands_and_is_adopted(setu
     ours = allocated.devices[0].device
     theirs = next(f"gpu-{i}" for i in range(8) if f"gpu-{i}" != ours)
     setup.bridge.claims[(setup.namespace, "c")] = stale
-    current = await setup.read("c")
-    current["status"] = {"allocation": allocation(theirs)}
-    await call_json(
-        "kube-scheduler's allocation",
-        setup.resource.replace_namespaced_resource_claim_status(
-            "c", setup.namespace, current, _preload_content=False
-        ),
-    )
+    await setup.allocated_by_another(await setup.read("c"), theirs)
     await setup.bridge._write(allocated)
     kept = await setup.read("c")
     assert [r["device"] for r in kept["status"]["allocation"]["devices"]["results"]] == [theirs]
@@ -199,14 +202,7 @@ async def test_a_decision_naming_a_device_another_claim_holds_is_not_written(set
     mine = await setup.claim("mine")
     allocated = setup.decide(mine)
     device = allocated.devices[0].device
-    other = await setup.claim("other")
-    other["status"] = {"allocation": allocation(device)}
-    written_other = await call_json(
-        "kube-scheduler's allocation",
-        setup.resource.replace_namespaced_resource_claim_status(
-            "other", setup.namespace, other, _preload_content=False
-        ),
-    )
+    written_other = await setup.allocated_by_another(await setup.claim("other"), device)
     setup.bridge.claims[(setup.namespace, "mine")] = mine
     setup.bridge.claims[(setup.namespace, "other")] = written_other
     await setup.bridge._write(allocated)
@@ -340,14 +336,7 @@ async def _written_twice(setup: Setup, *, reserved: bool) -> tuple[dict[str, Any
                 "mine", setup.namespace, written, _preload_content=False
             ),
         )
-    other = await setup.claim("other")
-    other["status"] = {"allocation": allocation(allocated.devices[0].device)}
-    other = await call_json(
-        "kube-scheduler's allocation",
-        setup.resource.replace_namespaced_resource_claim_status(
-            "other", setup.namespace, other, _preload_content=False
-        ),
-    )
+    other = await setup.allocated_by_another(await setup.claim("other"), allocated.devices[0].device)
     setup.bridge.claims[(setup.namespace, "mine")] = written
     setup.bridge.claims[(setup.namespace, "other")] = other
     request = claim_adopted(other, SHIPPED, producer="test")

@@ -81,7 +81,7 @@ def reserved_nodes_taken(log: Iterable[Event]) -> list[str]:
             reserved[event.uid] = (event.node, event.priority, f"{event.namespace}/{event.name}")
         elif isinstance(event, ClaimFailed) and event.uid in reserved:
             if event.reserved_node:
-                node, at, name = reserved[event.uid]
+                _, at, name = reserved[event.uid]
                 reserved[event.uid] = (event.reserved_node, at, name)
             else:
                 del reserved[event.uid]

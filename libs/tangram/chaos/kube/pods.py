@@ -1,5 +1,5 @@
-"""The pods a chaos run on Kubernetes makes: their shapes, priorities and manifests, and the API
-calls that ride out the API server being down (pure but for `retrying`)."""
+"""The pods a chaos run on Kubernetes makes: their shapes, priorities and manifests (pure), and the
+API calls that ride out the API server, or admission, being down."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import aiohttp
+from kubernetes_asyncio.client import CoreV1Api
 
-from tangram.kubernetes.api import KubeApiError
+from tangram.kubernetes.api import KubeApiError, call, call_json
 
 NAMESPACE = "chaos"
 # (PriorityClass, value): the pods' priorities, mixed so that preemption happens
@@ -20,6 +21,7 @@ PRIORITY_WEIGHTS = (5, 3, 2)
 NOT_GPU0 = 'device.attributes["gpu.tangram.dev"].index >= 1'
 TOPOLOGY = {"apiVersion": "gpu.tangram.dev/v1alpha1", "kind": "TopologyConfig", "interconnect": "NVLink"}
 API_DOWN_S = 180.0  # how long a call waits for an API server that is restarting
+ADMISSION_DOWN = "failed calling webhook"  # the API server's refusal while the webhook is down
 
 T = TypeVar("T")
 
@@ -140,3 +142,44 @@ async def retrying(call: Callable[[], Awaitable[T]], *, within_s: float = API_DO
                 raise
         await asyncio.sleep(delay)
         delay = min(delay * 2, 2.0)
+
+
+async def create_pod(core: CoreV1Api, manifest: dict[str, Any]) -> int:
+    """Create the pod as its controller would: again while the API server is down, or refuses it
+    because the webhook is (failurePolicy Fail: never admitted without the gate). How many times
+    admission refused it."""
+    name = manifest["metadata"]["name"]
+    refused = 0
+
+    async def create() -> Any:
+        nonlocal refused
+        try:
+            return await call(f"create Pod {name}", core.create_namespaced_pod(NAMESPACE, manifest))
+        except KubeApiError as error:
+            if ADMISSION_DOWN in str(error):
+                refused += 1
+            raise
+
+    try:
+        await retrying(create)
+    except KubeApiError as error:
+        if not error.already_exists:
+            raise  # already there: an earlier try landed before the API server went away
+    return refused
+
+
+async def read_pod(core: CoreV1Api, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = await retrying(
+        lambda: call_json(
+            f"read Pod {name}", core.read_namespaced_pod(name, NAMESPACE, _preload_content=False)
+        )
+    )
+    return found
+
+
+async def delete_pod(core: CoreV1Api, name: str) -> None:
+    try:
+        await retrying(lambda: call(f"delete Pod {name}", core.delete_namespaced_pod(name, NAMESPACE)))
+    except KubeApiError as error:
+        if not error.not_found:
+            raise

@@ -39,9 +39,12 @@ from tangram.chaos.kube.pods import (
     SHAPES,
     claim,
     claim_template,
+    create_pod,
+    delete_pod,
     pick,
     pod,
     priority_class,
+    read_pod,
     retrying,
 )
 from tangram.chaos.nodes import NodeView
@@ -59,7 +62,6 @@ from tangram.local.processes import LocalCluster, leading_allocator, logged_heal
 RUNNING_WITHIN_S = 45.0  # a pod not running by then is deleted as it waits (its reason recorded)
 IN_FLIGHT_DELETE_S = 0.4  # a pod deleted in flight goes within this long of its creation
 QUIET_WITHIN_S = 60.0  # for the nodes' MIG instances to match the allocations once pods are settled
-ADMISSION_DOWN = "failed calling webhook"  # the API server's refusal while the webhook is down
 
 
 class KubeChaosRun:
@@ -145,7 +147,7 @@ class KubeChaosRun:
 
     async def _live_pod(self, api: Any, name: str, shape: str, priority: str, hold_s: float) -> None:
         core = CoreV1Api(api)
-        await self._create_pod(core, pod(name, priority, template=shape))
+        self.creates_refused += await create_pod(core, pod(name, priority, template=shape))
         state = await self._until_running(core, name, RUNNING_WITHIN_S)
         if state == "Running":
             self.outcomes["ran"] += 1
@@ -156,14 +158,14 @@ class KubeChaosRun:
         else:
             told = await self._told(core, name, UNSCHEDULABLE_REASON)
             self.outcomes["waited_then_deleted" if told else "waited_untold_then_deleted"] += 1
-        await self._delete_pod(core, name)
+        await delete_pod(core, name)
 
     async def _until_running(self, core: CoreV1Api, name: str, within_s: float) -> str:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + within_s
         while loop.time() < deadline:
             try:
-                found = await self._read_pod(core, name)
+                found = await read_pod(core, name)
             except KubeApiError as error:
                 if error.not_found:
                     return "gone"
@@ -181,40 +183,6 @@ class KubeChaosRun:
             e.get("reason") == reason and (e.get("involvedObject") or {}).get("name") == pod_name
             for e in events.get("items") or []
         )
-
-    async def _create_pod(self, core: CoreV1Api, manifest: dict[str, Any]) -> None:
-        """Create the pod as its controller would: again while the API server is down, or refuses
-        it because the webhook is (failurePolicy Fail: never admitted without the gate)."""
-        name = manifest["metadata"]["name"]
-
-        async def create() -> Any:
-            try:
-                return await call(f"create Pod {name}", core.create_namespaced_pod(NAMESPACE, manifest))
-            except KubeApiError as error:
-                if ADMISSION_DOWN in str(error):
-                    self.creates_refused += 1
-                raise
-
-        try:
-            await retrying(create)
-        except KubeApiError as error:
-            if not error.already_exists:
-                raise  # already there: an earlier try landed before the API server went away
-
-    async def _read_pod(self, core: CoreV1Api, name: str) -> dict[str, Any]:
-        found: dict[str, Any] = await retrying(
-            lambda: call_json(
-                f"read Pod {name}", core.read_namespaced_pod(name, NAMESPACE, _preload_content=False)
-            )
-        )
-        return found
-
-    async def _delete_pod(self, core: CoreV1Api, name: str) -> None:
-        try:
-            await retrying(lambda: call(f"delete Pod {name}", core.delete_namespaced_pod(name, NAMESPACE)))
-        except KubeApiError as error:
-            if not error.not_found:
-                raise
 
     # --- the faults -------------------------------------------------------------------------------
 
@@ -273,9 +241,9 @@ class KubeChaosRun:
         core = CoreV1Api(api)
         shape, priority = pick(self.rng)
         name = self._next_name("inflight")
-        await self._create_pod(core, pod(name, priority, template=shape))
+        self.creates_refused += await create_pod(core, pod(name, priority, template=shape))
         await asyncio.sleep(self.rng.uniform(0.0, IN_FLIGHT_DELETE_S))
-        await self._delete_pod(core, name)
+        await delete_pod(core, name)
         self.outcomes["deleted_in_flight"] += 1
 
     async def _claim_deleted_while_allocated(self, api: Any) -> None:
@@ -287,7 +255,7 @@ class KubeChaosRun:
                 resource.create_namespaced_resource_claim(NAMESPACE, claim(name, "whole-1")),
             )
         )
-        await self._create_pod(core, pod(name, "chaos-mid", claim_name=name))
+        self.creates_refused += await create_pod(core, pod(name, "chaos-mid", claim_name=name))
         running = await self._until_running(core, name, RUNNING_WITHIN_S) == "Running"
         await retrying(
             lambda: call(
@@ -296,7 +264,7 @@ class KubeChaosRun:
         )
         if running:
             await asyncio.sleep(self.rng.uniform(0.5, 2.0))  # the claim is being deleted, its pod runs on
-        await self._delete_pod(core, name)
+        await delete_pod(core, name)
         self.outcomes["claim_deleted_while_allocated" if running else "claim_deleted_while_waiting"] += 1
 
     # --- sampling and healing ---------------------------------------------------------------------
@@ -333,7 +301,7 @@ class KubeChaosRun:
         for _ in range(self.config.keep_at_end):
             shape, priority = pick(self.rng)
             name = self._next_name("kept")
-            await self._create_pod(core, pod(name, priority, template=shape))
+            self.creates_refused += await create_pod(core, pod(name, priority, template=shape))
             names.append(name)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.settle_s
@@ -342,7 +310,7 @@ class KubeChaosRun:
             still = []
             for name in waiting:
                 try:
-                    found = await self._read_pod(core, name)
+                    found = await read_pod(core, name)
                 except KubeApiError as error:
                     if error.not_found:
                         continue  # preempted by a later kept pod: its Event says so
@@ -492,7 +460,7 @@ class KubeChaosRun:
             lambda: call_json("list Pods", core.list_namespaced_pod(NAMESPACE, _preload_content=False))
         )
         for found in listed.get("items") or []:
-            await self._delete_pod(core, str(found["metadata"]["name"]))
+            await delete_pod(core, str(found["metadata"]["name"]))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + within_s
         while True:
