@@ -129,23 +129,36 @@ class FleetState:
 
         The released claims' instances stay on the node, free and Tangram's: a claim in the trial
         reuses them or has them reconfigured, as it could once they are destroyed."""
-        node = self._nodes.get(node_name)
-        if node is None:
+        if self._nodes.get(node_name) is None:
             return None
+        return self.trial_of([node_name], without=without)
+
+    def trial_of(self, node_names: Iterable[str], *, without: Iterable[str] = ()) -> FleetState:
+        """A fleet of these nodes (those the fleet knows) as they are, less the claims `without`:
+        claims decided in it are held there alone, so several can be tried together and dropped."""
         trial = FleetState(
             driver=self.driver, reconfigure_foreign_instances=self.reconfigure_foreign_instances, _shared=self
         )
-        devices = NodeDevices(
-            node=node.name, driver=node.driver, pool=node.pool, devices=list(node.devices), counter_sets=[]
-        )
-        copy = NodeState(node.hw, devices, node.shape, generation=node.generation)
-        copy.set_destroying(node.destroying)
-        trial._nodes.put(copy, None)
-        trial._holdings.made = {made for made in self._holdings.made if made[0] == node_name}
+        names = {name for name in node_names if self._nodes.get(name) is not None}
         gone = set(without)
-        for uid in self._holdings.on(node_name):
-            if uid not in gone:
-                adoption.adopt(trial._nodes, trial._holdings, self._holdings.held[uid].decision)
+        for name in sorted(names):
+            node = self._nodes.get(name)
+            assert node is not None
+            devices = NodeDevices(
+                node=node.name,
+                driver=node.driver,
+                pool=node.pool,
+                devices=list(node.devices),
+                counter_sets=[],
+            )
+            copy = NodeState(node.hw, devices, node.shape, generation=node.generation)
+            copy.set_destroying(node.destroying)
+            trial._nodes.put(copy, None)
+        trial._holdings.made = {made for made in self._holdings.made if made[0] in names}
+        for name in sorted(names):
+            for uid in self._holdings.on(name):
+                if uid not in gone:
+                    adoption.adopt(trial._nodes, trial._holdings, self._holdings.held[uid].decision)
         return trial
 
     def decide_on(

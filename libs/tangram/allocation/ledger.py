@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from tangram.allocation.fleet import FleetState
+from tangram.allocation.gangs import GangPlaced, node_clique, place_gang
 from tangram.allocation.model import (
     Allocated,
     Claim,
@@ -37,6 +38,7 @@ from tangram.events import (
     ClaimRequested,
     ClaimUnprepared,
     Event,
+    FailureCause,
     InvalidKey,
     MigPlacement,
     NodeInventory,
@@ -85,6 +87,8 @@ class Ledger(Reserving):
     # uid -> the priority its last request carried (its pods' PriorityClass): who may preempt whom
     priorities: dict[str, int] = field(default_factory=dict)
     reservations: dict[str, Reservation] = field(default_factory=dict)  # preemptor uid -> its reservation
+    # (namespace, group) -> uid -> the last request of each claim of a group of pods (gangs.py)
+    gangs: dict[tuple[str, str], dict[str, ClaimRequested]] = field(default_factory=dict)
 
     def folded(self, stream: str, sequence: int) -> None:
         """The event about to be folded is at `sequence` of `stream` (decisions record it, for replay).
@@ -129,9 +133,13 @@ class Ledger(Reserving):
                     # Released (deallocated) and asked again with a later attempt: a new pod uses it.
                     self.released.discard(event.uid)
                     self.decided.pop(event.uid, None)
+                if event.gang is not None:
+                    self.gangs.setdefault((event.namespace, event.gang.group), {})[event.uid] = event
                 if live and self._to_decide(event):
                     self._undecided.pop(event.uid, None)
                     try:
+                        if event.gang is not None:
+                            return self._decide_in_gang(event)
                         return self._decide(event)
                     except Exception as error:
                         # One claim that cannot be decided must not stop the claims after it
@@ -161,6 +169,7 @@ class Ledger(Reserving):
                 # live, its devices were freed then, and a rebuild must free them too.
                 self.fleet.release_replayed(uid)
             case ClaimReleased(uid=uid) if uid in self.outside:
+                self._leave_gang(uid)
                 self._undecided.pop(uid, None)
                 self.reservations.pop(uid, None)
                 self.priorities.pop(uid, None)
@@ -172,6 +181,7 @@ class Ledger(Reserving):
                 else:
                     self.fleet.release_replayed(uid)
             case ClaimReleased(uid=uid):
+                self._leave_gang(uid)
                 self._undecided.pop(uid, None)
                 self.reservations.pop(uid, None)
                 self.priorities.pop(uid, None)
@@ -309,6 +319,18 @@ class Ledger(Reserving):
                     reserved_node=standing.node if standing is not None else "",
                 ),
             ]
+        return self._allocated(request, decision, adopt=reserved, classes=classes)
+
+    def _allocated(
+        self,
+        request: ClaimRequested,
+        decision: Allocated,
+        *,
+        adopt: bool,
+        classes: Mapping[str, DeviceClass],
+    ) -> list[Event]:
+        """The claim's allocation and the partition commands it waits for; with `adopt`, a decision
+        made in a trial fleet is held in the fleet now, exactly as a replay of it holds it."""
         self.decided[request.uid] = "allocated"
         self.reservations.pop(request.uid, None)
         commands = [
@@ -327,12 +349,11 @@ class Ledger(Reserving):
             else d
             for d in decision.devices
         ]
-        if reserved:
-            # decided on a copy of the node: held now, exactly as a replay of the decision holds it
+        if adopt:
             self.fleet.adopt(
                 Allocated(claim_uid=request.uid, node=decision.node, devices=devices, config=decision.config)
             )
-            self.fleet.note_demand(claim, classes)
+            self.fleet.note_demand(_claim_of(request), classes)
         allocated = ClaimAllocated(
             key=request.key,
             event_id=derived_id(request.uid, "allocated"),
@@ -349,6 +370,98 @@ class Ledger(Reserving):
         )
         # The partition commands go first: the cdi service waits on them once it sees the allocation.
         return [*commands, allocated]
+
+    # --- groups of pods (gangs) ------------------------------------------------------------------
+
+    def _decide_in_gang(self, request: ClaimRequested) -> list[Event]:
+        """A claim of a group of pods: the group's open claims are decided together once every pod
+        of the group has its claims asked; until then the claim waits, holding nothing."""
+        gang = request.gang
+        assert gang is not None
+        self.attempts[request.uid] = request.attempt
+        if gang.problem:
+            self.decided[request.uid] = "failed"
+            return [self._gang_failure(request, request, f"invalid group of pods: {gang.problem}", "claim")]
+        members = self._gang_members(request.namespace, gang.group)
+        pods: dict[str, set[str]] = {}
+        wanted: dict[str, int] = {}
+        for uid, member in members.items():
+            assert member.gang is not None
+            pods.setdefault(member.gang.pod, set()).add(uid)
+            wanted[member.gang.pod] = max(wanted.get(member.gang.pod, 0), member.gang.pod_claims)
+        claims_missing = sum(max(0, wanted[pod] - len(uids)) for pod, uids in pods.items())
+        if len(pods) < gang.size or claims_missing:
+            self.decided[request.uid] = "failed"
+            reason = (
+                f"group {gang.group}: {len(pods)} of its {gang.size} pods have all their claims asked"
+                + (f" ({claims_missing} claims of those pods not yet)" if claims_missing else "")
+                + "; its claims are allocated together once every pod's are, and hold nothing till then"
+            )
+            return [self._gang_failure(request, request, reason, "gang")]
+        open_requests = sorted(
+            (m for uid, m in members.items() if self.decided.get(uid) != "allocated"),
+            key=lambda m: (m.gang.pod if m.gang else "", m.name, m.uid),
+        )
+        held_cliques = {
+            node_clique(self.fleet, held.node)
+            for uid in members
+            if self.decided.get(uid) == "allocated" and (held := self.fleet.allocation(uid)) is not None
+        }
+        classes: dict[str, DeviceClass] = {}
+        for member in open_requests:
+            classes.update(self.classes_for(member))
+        for member in open_requests:
+            self.attempts[member.uid] = max(self.attempts.get(member.uid, 0), member.attempt)
+        placed = place_gang(
+            self.fleet,
+            [_claim_of(m) for m in open_requests],
+            classes,
+            self.policy,
+            group=gang.group,
+            nvlink_domain=gang.nvlink_domain,
+            fenced=self._fenced_for(request),
+            within=next(iter(held_cliques)) if gang.nvlink_domain and len(held_cliques) == 1 else None,
+        )
+        outputs: list[Event] = []
+        if isinstance(placed, GangPlaced):
+            for member, decision in zip(open_requests, placed.decisions, strict=True):
+                outputs += self._allocated(member, decision, adopt=True, classes=classes)
+            return outputs
+        for member in open_requests:
+            self.decided[member.uid] = "failed"
+            if placed.cause == "capacity":
+                # counted in the demand mix as a replay of the failure counts it
+                self.fleet.note_demand(_claim_of(member), classes)
+            outputs.append(self._gang_failure(member, request, placed.reason, placed.cause))
+        return outputs
+
+    def _gang_members(self, namespace: str, group: str) -> dict[str, ClaimRequested]:
+        """The group's claims still to be placed or held: released ones are gone from it."""
+        members = self.gangs.get((namespace, group), {})
+        return {uid: m for uid, m in members.items() if uid not in self.released and uid not in self.outside}
+
+    def _leave_gang(self, uid: str) -> None:
+        for key, members in list(self.gangs.items()):
+            if members.pop(uid, None) is not None and not members:
+                del self.gangs[key]
+
+    def _gang_failure(
+        self, member: ClaimRequested, trigger: ClaimRequested, reason: str, cause: FailureCause
+    ) -> ClaimFailed:
+        """The member's failure in the group decision `trigger`'s request made (each decision of a
+        group is another event, whichever member's request made it)."""
+        return ClaimFailed(
+            key=member.key,
+            event_id=derived_id(member.uid, "failed", "gang", trigger.uid, trigger.attempt),
+            producer=self.producer,
+            namespace=member.namespace,
+            name=member.name,
+            uid=member.uid,
+            reason=reason,
+            positions=dict(self.positions),
+            attempt=member.attempt,
+            cause=cause,
+        )
 
     def _failed_inside(self, request: ClaimRequested, error: Exception) -> list[Event]:
         """The claim fails with what went wrong, and the ledger holds nothing for it."""
@@ -575,6 +688,10 @@ class Ledger(Reserving):
                 reason=_partition_failure_reason(failure),
             ),
         ]
+
+
+def _claim_of(request: ClaimRequested) -> Claim:
+    return Claim(namespace=request.namespace, name=request.name, uid=request.uid, spec=request.spec)
 
 
 def _partition_failure_reason(failure: PartitionFailed) -> str:

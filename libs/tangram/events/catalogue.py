@@ -28,6 +28,20 @@ class NodeInventory(Event, tag="node.inventory", frozen=True, kw_only=True):
 PreemptionPolicy = Literal["PreemptLowerPriority", "Never"]
 
 
+class GangMember(msgspec.Struct, frozen=True, kw_only=True):
+    """The group of pods a claim's pod belongs to: the claims of all its pods are allocated in one
+    decision or none is, so a group never holds part of the fleet while it waits."""
+
+    group: str  # the group's name, in the claim's namespace
+    size: int  # how many pods the group has
+    pod: str  # the pod of the group that uses the claim
+    pod_claims: int = 1  # how many of Tangram's claims that pod uses (each is asked apart)
+    # every claim of the group in one NVLink fabric clique (a GB200 NVL rack or partition), with
+    # one IMEX channel for the group on exactly the nodes it holds
+    nvlink_domain: bool = False
+    problem: str = ""  # what is wrong with how the pod names its group; "" when nothing is
+
+
 class ClaimRequested(Event, tag="claim.requested", frozen=True, kw_only=True):
     """A ResourceClaim to decide. key = claim uid."""
 
@@ -56,6 +70,8 @@ class ClaimRequested(Event, tag="claim.requested", frozen=True, kw_only=True):
     # Claims that may not be preempted now: a PodDisruptionBudget forbids evicting one of their
     # pods, or the eviction was refused. Carried on the request, so a replay decides as live.
     protected: list[str] = []
+    # The group of pods the claim is placed with, all or nothing; None for a claim placed alone.
+    gang: GangMember | None = None
 
 
 # How several claims share one device. MPS: one control daemon per device, each client limited
@@ -114,8 +130,9 @@ class ClaimAllocated(Event, tag="claim.allocated", frozen=True, kw_only=True):
 # - claim: the claim itself is at fault (invalid, an unknown class, a selector that fails to
 #   evaluate); asking again unchanged fails the same way.
 # - internal: the allocator failed deciding it; the claim was not allocated and nothing was held.
+# - gang: the claim's group of pods is not all asked yet; its claims are decided together when it is.
 # Only capacity failures count as demand the fleet should keep room for.
-FailureCause = Literal["capacity", "hardware", "claim", "internal"]
+FailureCause = Literal["capacity", "hardware", "claim", "internal", "gang"]
 
 
 class ClaimFailed(Event, tag="claim.failed", frozen=True, kw_only=True):

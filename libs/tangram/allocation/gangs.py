@@ -1,0 +1,148 @@
+"""Placing a group of pods' claims all together or not at all (pure, no I/O).
+
+Every claim of the group is decided in a trial fleet made of one candidate set of nodes: the
+fleet itself is never touched until the whole group fits, so a group that does not fit holds
+nothing. The candidates are the NVLink fabric cliques (GB200 NVL racks or their partitions) for a
+group that asks for one NVLink domain, else the fleet as a whole. Among the candidates that hold
+the group, the one chosen spreads it over the fewest nodes and leaves the fewest whole GPUs free
+around it (the tightest fit), so larger cliques stay free for larger groups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from tangram.allocation.fleet import FleetState
+from tangram.allocation.model import Allocated, Claim, Failed, Policy
+from tangram.allocation.spec import DeviceClass
+from tangram.events.catalogue import FailureCause
+
+# When the members fail for different causes in different candidates, the group's failure is the
+# one a retry can change soonest: capacity over hardware; a fault of a claim is the claim's own.
+_CAUSE_ORDER: tuple[FailureCause, ...] = ("claim", "internal", "capacity", "hardware", "gang")
+
+
+@dataclass(frozen=True)
+class GangPlaced:
+    """Each claim's decision, in the order the claims were given, and the clique they share."""
+
+    decisions: tuple[Allocated, ...]
+    clique: str | None
+
+    @property
+    def nodes(self) -> list[str]:
+        return sorted({d.node for d in self.decisions})
+
+
+def node_clique(fleet: FleetState, name: str) -> str | None:
+    """The NVLink fabric clique all of the node's GPUs are in; None when they are in none (or not
+    all in the same one)."""
+    node = fleet.node(name)
+    if node is None or not node.hw.gpus:
+        return None
+    cliques = {gpu.clique_id for gpu in node.hw.gpus}
+    if len(cliques) != 1:
+        return None
+    return next(iter(cliques))
+
+
+def cliques_of(fleet: FleetState, *, fenced: Iterable[str] = ()) -> dict[str, list[str]]:
+    """Fabric clique -> its nodes (less those fenced), for the nodes that are in one."""
+    left_out = set(fenced)
+    found: dict[str, list[str]] = {}
+    for name in fleet.node_names:
+        clique = node_clique(fleet, name)
+        if clique is not None and name not in left_out:
+            found.setdefault(clique, []).append(name)
+    return {clique: sorted(nodes) for clique, nodes in sorted(found.items())}
+
+
+def place_gang(
+    fleet: FleetState,
+    claims: Sequence[Claim],
+    classes: Mapping[str, DeviceClass],
+    policy: Policy = "tangram",
+    *,
+    group: str,
+    nvlink_domain: bool = False,
+    fenced: Iterable[str] = (),
+    within: str | None = None,
+) -> GangPlaced | Failed:
+    """Every claim placed, or a failure naming why the group does not fit; the fleet unchanged.
+
+    `within`: the clique the group's claims already hold (a member decided again after its
+    allocation was undone) is the only one it may join."""
+    left_out = set(fenced)
+    first = claims[0].uid if claims else ""
+    if nvlink_domain:
+        candidates = cliques_of(fleet, fenced=left_out)
+        if within is not None:
+            candidates = {within: candidates[within]} if within in candidates else {}
+        if not candidates:
+            return Failed(
+                claim_uid=first,
+                reason=(
+                    f"group {group} asks for one NVLink domain, and no node of the fleet is in an "
+                    "NVLink fabric clique (GB200 NVL racks); none of its claims is allocated"
+                ),
+                cause="hardware",
+            )
+    else:
+        candidates = {"": [n for n in fleet.node_names if n not in left_out]}
+    best: tuple[tuple[int, int, str], GangPlaced] | None = None
+    failures: list[tuple[str, Failed]] = []
+    for clique, nodes in candidates.items():
+        outcome = _try(fleet, nodes, claims, classes, policy)
+        if isinstance(outcome, Failed):
+            failures.append((clique, outcome))
+            if outcome.cause == "claim":
+                break  # the claim is at fault wherever it is tried
+            continue
+        trial, decisions = outcome
+        used = {d.node for d in decisions}
+        left_free = sum(sum(node.whole_free.values()) for node in (trial.node(n) for n in nodes) if node)
+        rank = (len(used), left_free, clique)
+        if best is None or rank < best[0]:
+            best = (rank, GangPlaced(decisions=decisions, clique=clique or None))
+    if best is not None:
+        return best[1]
+    return _failed(group, len(claims), first, failures, nvlink_domain=nvlink_domain)
+
+
+def _try(
+    fleet: FleetState,
+    nodes: list[str],
+    claims: Sequence[Claim],
+    classes: Mapping[str, DeviceClass],
+    policy: Policy,
+) -> tuple[FleetState, tuple[Allocated, ...]] | Failed:
+    trial = fleet.trial_of(nodes)
+    decisions: list[Allocated] = []
+    for claim in claims:
+        decision = trial.allocate(claim, classes, policy)
+        if not isinstance(decision, Allocated):
+            return decision
+        decisions.append(decision)
+    return trial, tuple(decisions)
+
+
+def _failed(
+    group: str, count: int, first: str, failures: list[tuple[str, Failed]], *, nvlink_domain: bool
+) -> Failed:
+    causes = [f.cause for _, f in failures]
+    cause: FailureCause = min(causes, key=_CAUSE_ORDER.index) if causes else "capacity"
+    where = "in any NVLink fabric clique" if nvlink_domain else "on the fleet"
+    shown = [f for f in failures if f[1].cause == cause][:3]
+    details = "; ".join(
+        f"{'clique ' + clique + ': ' if clique else ''}claim {f.claim_uid}: {f.reason}" for clique, f in shown
+    )
+    more = f" (and {len(failures) - len(shown)} more)" if len(failures) > len(shown) else ""
+    return Failed(
+        claim_uid=first,
+        reason=(
+            f"group {group}: its {count} claims do not all fit {where} at once, so none is "
+            f"allocated: {details}{more}"
+        ),
+        cause=cause,
+    )

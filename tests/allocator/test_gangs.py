@@ -1,0 +1,204 @@
+"""Groups of pods in the allocator's fold: all of a group's claims are allocated in one decision or
+none is, a group that waits holds nothing, two groups that cannot both fit never deadlock, and a
+group that asks for one NVLink domain lands in one fabric clique."""
+
+from __future__ import annotations
+
+import msgspec
+
+from tangram.allocation import FleetState
+from tangram.allocation.ledger import Ledger
+from tangram.events import (
+    ClaimAllocated,
+    ClaimFailed,
+    ClaimReleased,
+    ClaimRequested,
+    Event,
+    GangMember,
+    NodeInventory,
+    subject_token,
+)
+from tangram.events.inventory import renamed_machine
+
+from .helpers import CLASSES, gpus, hardware, inventory, request
+
+
+def ledger() -> Ledger:
+    return Ledger(fleet=FleetState(), classes=CLASSES)
+
+
+def member(
+    n: int, group: str, size: int, count: int = 4, *, nvlink: bool = False, attempt: int = 0
+) -> ClaimRequested:
+    gang = GangMember(group=group, size=size, pod=f"{group}-pod-{n}", nvlink_domain=nvlink)
+    return msgspec.structs.replace(request(n, gpus(count)), gang=gang, attempt=attempt)
+
+
+def released(n: int) -> ClaimReleased:
+    uid = request(n, {}).uid
+    return ClaimReleased(key=uid, namespace="team", name=f"claim-{n}", uid=uid)
+
+
+def tray(node: str, clique: str) -> NodeInventory:
+    """A GB200 tray of the rack (fabric clique) `clique`."""
+    hw = renamed_machine(hardware("gb200-tray", "template"), node)
+    hw = msgspec.structs.replace(hw, gpus=[msgspec.structs.replace(g, clique_id=clique) for g in hw.gpus])
+    return NodeInventory(key=subject_token(node), hardware=hw)
+
+
+def of(kind: type, outputs: list[Event]) -> list:
+    return [o for o in outputs if isinstance(o, kind)]
+
+
+def held(book: Ledger) -> dict[str, str]:
+    return {uid: a.node for uid in book.claims if (a := book.fleet.allocation(uid)) is not None}
+
+
+def test_a_group_is_allocated_in_one_decision_once_its_last_pod_is_asked_and_holds_nothing_before() -> None:
+    book = ledger()
+    for node in ("n1", "n2"):
+        book.apply(inventory("l40s-8", node), live=False)
+    for n in (1, 2, 3):
+        [waiting] = book.apply(member(n, "train", 4))
+        assert isinstance(waiting, ClaimFailed) and waiting.cause == "gang"
+        assert f"group train: {n} of its 4 pods have all their claims asked" in waiting.reason
+        assert held(book) == {}
+    outputs = book.apply(member(4, "train", 4))
+    allocated = of(ClaimAllocated, outputs)
+    assert sorted(a.name for a in allocated) == ["claim-1", "claim-2", "claim-3", "claim-4"]
+    assert not of(ClaimFailed, outputs)
+    # on the fewest nodes: two 4-GPU claims on each 8-GPU node
+    nodes = [a.node for a in allocated]
+    assert sorted(nodes) == ["n1", "n1", "n2", "n2"]
+    # a redelivered request of a placed member decides nothing again
+    assert book.apply(member(2, "train", 4)) == []
+
+
+def test_a_group_that_does_not_fit_holds_nothing_and_is_placed_whole_once_room_is_freed() -> None:
+    book = ledger()
+    for node in ("n1", "n2"):
+        book.apply(inventory("l40s-8", node), live=False)
+    [blocker] = of(ClaimAllocated, book.apply(request(9, gpus(4))))
+    for n in (1, 2, 3):
+        book.apply(member(n, "train", 4))
+    outputs = book.apply(member(4, "train", 4))
+    failed = of(ClaimFailed, outputs)
+    assert sorted(f.name for f in failed) == ["claim-1", "claim-2", "claim-3", "claim-4"]
+    assert {f.cause for f in failed} == {"capacity"} and not of(ClaimAllocated, outputs)
+    assert (
+        "group train: its 4 claims do not all fit on the fleet at once, so none is allocated"
+        in failed[0].reason
+    )
+    assert held(book) == {blocker.uid: blocker.node}  # 12 GPUs were free: three members fit, none holds
+
+    book.apply(ClaimReleased(key=blocker.uid, namespace="team", name="claim-9", uid=blocker.uid))
+    outputs = book.apply(member(3, "train", 4, attempt=1))  # one member asked again decides the group
+    assert sorted(a.name for a in of(ClaimAllocated, outputs)) == ["claim-1", "claim-2", "claim-3", "claim-4"]
+
+
+def test_two_groups_that_cannot_both_fit_do_not_deadlock() -> None:
+    """Asked interleaved, pod by pod: one group gets all it asks, the other holds nothing and
+    gets all once the first is gone."""
+    book = ledger()
+    for node in ("n1", "n2"):
+        book.apply(inventory("l40s-8", node), live=False)
+    order = [(1, "a"), (11, "b"), (2, "a"), (12, "b"), (3, "a"), (13, "b")]
+    decided: dict[str, list[Event]] = {"a": [], "b": []}
+    for n, group in order:
+        decided[group] += book.apply(member(n, group, 3))
+    assert sorted(a.name for a in of(ClaimAllocated, decided["a"])) == ["claim-1", "claim-2", "claim-3"]
+    assert not of(ClaimAllocated, decided["b"])
+    b_failed = [f for f in of(ClaimFailed, decided["b"]) if f.cause == "capacity"]
+    assert sorted(f.name for f in b_failed) == ["claim-11", "claim-12", "claim-13"]
+    assert set(held(book)) == {request(n, {}).uid for n in (1, 2, 3)}
+
+    for n in (1, 2, 3):
+        book.apply(released(n))
+    outputs = book.apply(member(12, "b", 3, attempt=1))
+    assert sorted(a.name for a in of(ClaimAllocated, outputs)) == ["claim-11", "claim-12", "claim-13"]
+
+
+def test_a_group_asking_for_an_nvlink_domain_lands_in_one_clique_the_tightest_that_holds_it() -> None:
+    book = ledger()
+    for node, clique in (("a1", "rack-a.1"), ("a2", "rack-a.1"), ("a3", "rack-a.1")):
+        book.apply(tray(node, clique), live=False)
+    for node, clique in (("b1", "rack-b.1"), ("b2", "rack-b.1")):
+        book.apply(tray(node, clique), live=False)
+    book.apply(inventory("l40s-8", "pcie"), live=False)  # no fabric: never a domain's
+
+    small = [member(n, "pair", 2, nvlink=True) for n in (1, 2)]
+    outputs = [o for m in small for o in book.apply(m)]
+    assert sorted(a.node for a in of(ClaimAllocated, outputs)) == ["b1", "b2"]  # rack b is filled exactly
+
+    large = [member(n, "triple", 3, nvlink=True) for n in (11, 12, 13)]
+    outputs = [o for m in large for o in book.apply(m)]
+    assert sorted(a.node for a in of(ClaimAllocated, outputs)) == ["a1", "a2", "a3"]
+
+    # nothing left in any clique: a third domain waits, holding nothing, though "pcie" is free
+    outputs = [
+        o
+        for m in (member(21, "more", 2, nvlink=True), member(22, "more", 2, nvlink=True))
+        for o in book.apply(m)
+    ]
+    failed = [f for f in of(ClaimFailed, outputs) if f.cause != "gang"]
+    assert len(failed) == 2 and "do not all fit in any NVLink fabric clique" in failed[0].reason
+    assert all(book.fleet.allocation(request(n, {}).uid) is None for n in (21, 22))
+
+
+def test_a_domain_on_a_fleet_without_fabric_fails_for_hardware() -> None:
+    book = ledger()
+    book.apply(inventory("hgx-h200", "n1"), live=False)
+    book.apply(member(1, "solo", 2, nvlink=True))
+    failed = of(ClaimFailed, book.apply(member(2, "solo", 2, nvlink=True)))
+    assert sorted(f.name for f in failed) == ["claim-1", "claim-2"]
+    assert {f.cause for f in failed} == {"hardware"}
+    assert "no node of the fleet is in an NVLink fabric clique" in failed[0].reason
+    assert held(book) == {}
+
+
+def test_a_member_naming_its_group_wrongly_fails_with_the_problem() -> None:
+    book = ledger()
+    book.apply(inventory("l40s-8", "n1"), live=False)
+    bad = msgspec.structs.replace(
+        request(1, gpus(1)),
+        gang=GangMember(
+            group="g", size=0, pod="p", problem="annotation tangram.dev/gang-size must be 1..1024"
+        ),
+    )
+    [failed] = book.apply(bad)
+    assert isinstance(failed, ClaimFailed) and failed.cause == "claim"
+    assert failed.reason == "invalid group of pods: annotation tangram.dev/gang-size must be 1..1024"
+
+
+def test_a_rebuilt_ledger_holds_what_the_live_one_decided_for_groups() -> None:
+    book = ledger()
+    log: list[Event] = [inventory("l40s-8", "n1"), inventory("l40s-8", "n2")]
+    for event in log:
+        book.apply(event, live=False)
+    for n, group in [(1, "a"), (11, "b"), (2, "a"), (12, "b"), (3, "a"), (13, "b")]:
+        asked = member(n, group, 3)
+        log += [asked, *book.apply(asked)]
+    rebuilt = ledger()
+    for event in log:
+        rebuilt.apply(event, live=False)
+    assert rebuilt.snapshot() == book.snapshot()
+    assert len(rebuilt.snapshot()["held"]) == 3
+    # the rebuilt ledger knows the waiting group: released capacity lets it in whole
+    for n in (1, 2, 3):
+        rebuilt.apply(released(n))
+    outputs = rebuilt.apply(member(13, "b", 3, attempt=1))
+    assert sorted(a.name for a in of(ClaimAllocated, outputs)) == ["claim-11", "claim-12", "claim-13"]
+
+
+def test_a_released_member_leaves_the_group_and_its_replacement_is_placed_with_the_rest_held() -> None:
+    book = ledger()
+    book.apply(inventory("l40s-8", "n1"), live=False)
+    for n in (1, 2):
+        book.apply(member(n, "duo", 2))
+    book.apply(released(2))
+    # the group misses a pod again: the replacement is asked under a new pod name and claim
+    replacement = msgspec.structs.replace(
+        member(3, "duo", 2), gang=GangMember(group="duo", size=2, pod="duo-pod-2b")
+    )
+    [allocated] = of(ClaimAllocated, book.apply(replacement))
+    assert allocated.name == "claim-3" and book.fleet.allocation(request(1, {}).uid) is not None
