@@ -41,6 +41,7 @@ from tangram.kubernetes.api.events import record_event
 from tangram.kubernetes.api.watching import list_then_watch
 from tangram.kubernetes.objects.alive import ALLOCATOR_LEASE, allocator_alive
 from tangram.kubernetes.objects.claimbridge import warning_event
+from tangram.kubernetes.objects.gangs import GANG_LABEL
 from tangram.kubernetes.objects.gates import holds_gate, remove_gate_patch
 from tangram.kubernetes.objects.times import kube_time, parse_time
 
@@ -76,13 +77,17 @@ def _created(pod: Mapping[str, Any]) -> datetime | None:
 def expired_gates(pods: Iterable[Mapping[str, Any]], now: datetime, timeout_s: float) -> list[Expired]:
     """The pods (as the API server sends them) that have held Tangram's gate for `timeout_s` or
     longer, oldest first. A timeout of 0 or less expires nothing (the timeout is off); a pod being
-    deleted, or without a readable creation time, is left alone."""
+    deleted, or without a readable creation time, is left alone. So is a pod of a group of pods
+    (gang): kube-scheduler would place its pods one at a time, and a part of the group would hold
+    GPUs idle while the rest waits; the group waits for the allocator instead."""
     if timeout_s <= 0:
         return []
     found = []
     for pod in pods:
         metadata = pod.get("metadata") or {}
         if not holds_gate(pod) or metadata.get("deletionTimestamp"):
+            continue
+        if (metadata.get("labels") or {}).get(GANG_LABEL):
             continue
         created = _created(pod)
         if created is None:

@@ -240,7 +240,9 @@ class ClaimWriter:
             return  # asked again and failed for the same reason: said once is enough
         self._warned[failed.uid] = failed.reason
         now = kube_time(datetime.now(UTC))
-        suffix = derived_id(failed.uid, failed.attempt, "unschedulable")[:16]
+        # one Event per reason: a group's member says it waits for its group, then why the group
+        # does not fit, in the same attempt
+        suffix = derived_id(failed.uid, failed.attempt, failed.reason, "unschedulable")[:16]
         users = self._gates.pods.users_of(claim_ref(claim))
         involved = [("ResourceClaim", claim)] + [("Pod", pod) for pod in users]
         for kind, obj in involved:

@@ -56,11 +56,13 @@ from tangram.events import (
     ClaimReleased,
     ClaimRequested,
     Event,
+    GangMember,
     PartitionApplied,
 )
 from tangram.kubernetes.api import KubeApiError, call_json
 from tangram.kubernetes.api.watching import list_then_watch
-from tangram.kubernetes.objects.claimbridge import ClaimRef, allocation_of, claim_ref, classify
+from tangram.kubernetes.objects.claimbridge import ClaimRef, allocation_of, claim_ref, classify, is_tangrams
+from tangram.kubernetes.objects.gangs import gang_member
 from tangram.kubernetes.objects.pods import PodsByClaim
 from tangram.service import first
 
@@ -121,6 +123,7 @@ class ClaimBridge:
         )
         self._requester.rank = self._preemptions.rank
         self._requester.protected = self._preemptions.protected
+        self._requester.gang = self._gang_of
         self._provisioning = Provisioning(api, request_timeout_s=request_timeout_s)
         self._nodes_seen: frozenset[str] = frozenset()
         self._writer = ClaimWriter(
@@ -167,6 +170,15 @@ class ClaimBridge:
     @property
     def _asker(self) -> FairAsker:
         return self._requester.asker
+
+    def _gang_of(self, claim: dict[str, Any]) -> GangMember | None:
+        """The group of pods the claim is placed with, from the pods that use it."""
+        namespace = key_of(claim)[0]
+        return gang_member(
+            self._gates.pods.users_of(claim_ref(claim)),
+            lambda name: self._view.claims.get((namespace, name)),
+            lambda other: is_tangrams(other, self._view.classes),
+        )
 
     # --- the allocator's decisions --------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from typing import Any
 from services.allocator.asking import FairAsker
 from services.allocator.clusterview import ClusterView, Key, key_of, uid_of
 from tangram.allocation.ledger import Ledger
-from tangram.events import ClaimReleased, ClaimRequested, Event, FailureCause, PreemptionPolicy
+from tangram.events import ClaimReleased, ClaimRequested, Event, FailureCause, GangMember, PreemptionPolicy
 from tangram.kubernetes.objects.claimbridge import (
     ClaimRef,
     allocation_status,
@@ -31,6 +31,8 @@ Publish = Callable[[Event], Awaitable[object]]
 # claim is ranked when it joins the line, and only a request that may preempt needs the budgets.
 Rank = Callable[[dict[str, Any]], tuple[int, PreemptionPolicy]]
 Protected = Callable[[], list[str]]
+# The group of pods a claim is placed with, from its pods (`ClaimBridge` reads it); None: alone.
+Gang = Callable[[dict[str, Any]], GangMember | None]
 
 
 def unranked(claim: dict[str, Any]) -> tuple[int, PreemptionPolicy]:
@@ -39,6 +41,10 @@ def unranked(claim: dict[str, Any]) -> tuple[int, PreemptionPolicy]:
 
 def unprotected() -> list[str]:
     return []
+
+
+def alone(claim: dict[str, Any]) -> GangMember | None:
+    return None
 
 
 class ClaimRequester:
@@ -52,10 +58,12 @@ class ClaimRequester:
         max_in_flight: int,
         rank: Rank = unranked,
         protected: Protected = unprotected,
+        gang: Gang = alone,
     ) -> None:
         self._view = view
         self.rank = rank
         self.protected = protected
+        self.gang = gang
         self._ledger = ledger
         self._producer = producer
         self._requested: dict[str, int] = {}  # uid -> the attempt asked last
@@ -91,6 +99,7 @@ class ClaimRequester:
             priority=priority,
             preemption_policy=policy,
             protected=self.protected() if policy != "Never" else [],
+            gang=self.gang(claim),
         )
 
     def knows(self, uid: str) -> bool:

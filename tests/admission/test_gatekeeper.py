@@ -15,6 +15,7 @@ from services.admission.gatekeeper import REASON, Expired, GateKeeper, expired_g
 from services.allocator.alive import AliveLease
 from tangram.kubernetes.api import KubeApiError, call
 from tangram.kubernetes.objects.alive import ALLOCATOR_LEASE, allocator_alive, lease_spec
+from tangram.kubernetes.objects.gangs import GANG_LABEL
 from tangram.kubernetes.objects.names import SCHEDULING_GATE
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
@@ -28,6 +29,7 @@ def gated_pod(
     namespace: str = "ns",
     deleting: bool = False,
     created: str | None = None,
+    labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     stamp = (NOW - timedelta(seconds=age_s)).strftime("%Y-%m-%dT%H:%M:%SZ") if created is None else created
     metadata: dict[str, Any] = {
@@ -39,6 +41,8 @@ def gated_pod(
     }
     if deleting:
         metadata["deletionTimestamp"] = stamp
+    if labels:
+        metadata["labels"] = labels
     return {"metadata": metadata, "spec": {"schedulingGates": [{"name": g} for g in gates]}}
 
 
@@ -68,6 +72,15 @@ def test_pods_without_tangrams_gate_or_being_deleted_or_undated_are_left_alone()
         },
     ]
     assert expired_gates(pods, NOW, 120) == []
+
+
+def test_a_pod_of_a_group_keeps_its_gate_past_the_timeout() -> None:
+    """kube-scheduler would place the group's pods one at a time: the group waits for Tangram."""
+    pods = [
+        gated_pod("member", 900, labels={GANG_LABEL: "train"}),
+        gated_pod("alone", 900, labels={"app": "x"}),
+    ]
+    assert [e.name for e in expired_gates(pods, NOW, 120)] == ["alone"]
 
 
 def test_a_timeout_of_zero_is_off() -> None:

@@ -89,6 +89,7 @@ def test_a_group_that_does_not_fit_holds_nothing_and_is_placed_whole_once_room_i
         "group train: its 4 claims do not all fit on the fleet at once, so none is allocated"
         in failed[0].reason
     )
+    assert "claim team/claim-4: 0/2 nodes fit" in failed[0].reason  # the claim that did not fit, by name
     assert held(book) == {blocker.uid: blocker.node}  # 12 GPUs were free: three members fit, none holds
 
     book.apply(ClaimReleased(key=blocker.uid, namespace="team", name="claim-9", uid=blocker.uid))

@@ -107,7 +107,8 @@ def place_gang(
             best = (rank, GangPlaced(decisions=decisions, clique=clique or None))
     if best is not None:
         return best[1]
-    return _failed(group, len(claims), first, failures, nvlink_domain=nvlink_domain)
+    names = {c.uid: f"{c.namespace}/{c.name}" for c in claims}
+    return _failed(group, names, first, failures, nvlink_domain=nvlink_domain)
 
 
 def _try(
@@ -128,20 +129,22 @@ def _try(
 
 
 def _failed(
-    group: str, count: int, first: str, failures: list[tuple[str, Failed]], *, nvlink_domain: bool
+    group: str, names: dict[str, str], first: str, failures: list[tuple[str, Failed]], *, nvlink_domain: bool
 ) -> Failed:
     causes = [f.cause for _, f in failures]
     cause: FailureCause = min(causes, key=_CAUSE_ORDER.index) if causes else "capacity"
     where = "in any NVLink fabric clique" if nvlink_domain else "on the fleet"
     shown = [f for f in failures if f[1].cause == cause][:3]
     details = "; ".join(
-        f"{'clique ' + clique + ': ' if clique else ''}claim {f.claim_uid}: {f.reason}" for clique, f in shown
+        f"{'clique ' + clique + ': ' if clique else ''}claim {names.get(f.claim_uid, f.claim_uid)}: "
+        f"{f.reason}"
+        for clique, f in shown
     )
     more = f" (and {len(failures) - len(shown)} more)" if len(failures) > len(shown) else ""
     return Failed(
         claim_uid=first,
         reason=(
-            f"group {group}: its {count} claims do not all fit {where} at once, so none is "
+            f"group {group}: its {len(names)} claims do not all fit {where} at once, so none is "
             f"allocated: {details}{more}"
         ),
         cause=cause,

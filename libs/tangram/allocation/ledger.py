@@ -389,6 +389,9 @@ class Ledger(Reserving):
             assert member.gang is not None
             pods.setdefault(member.gang.pod, set()).add(uid)
             wanted[member.gang.pod] = max(wanted.get(member.gang.pod, 0), member.gang.pod_claims)
+        # the latest request counts its pod's claims as they are now (a claim from a template made
+        # since, or found not Tangram's)
+        wanted[gang.pod] = gang.pod_claims
         claims_missing = sum(max(0, wanted[pod] - len(uids)) for pod, uids in pods.items())
         if len(pods) < gang.size or claims_missing:
             self.decided[request.uid] = "failed"

@@ -17,7 +17,7 @@ from typing import Any, Literal, TypeVar
 from tangram import DRIVER_NAME
 from tangram.allocation.model import Allocated
 from tangram.dra.names import SHARED_SUFFIX
-from tangram.events import ClaimAllocated, ClaimReleased, ClaimRequested, PreemptionPolicy
+from tangram.events import ClaimAllocated, ClaimReleased, ClaimRequested, GangMember, PreemptionPolicy
 from tangram.events.ids import derived_id
 from tangram.kubernetes.objects.classes import is_tangram_claim, is_tangram_class, requested_class_names
 from tangram.kubernetes.objects.gates import holds_gate, remove_gate_patch
@@ -109,9 +109,10 @@ def claim_requested(
     priority: int = 0,
     preemption_policy: PreemptionPolicy = "PreemptLowerPriority",
     protected: list[str] | None = None,
+    gang: GangMember | None = None,
 ) -> ClaimRequested:
-    """The request to decide a claim, carrying the classes it names as the cluster holds them, and
-    its pods' priority and preemption policy."""
+    """The request to decide a claim, carrying the classes it names as the cluster holds them, its
+    pods' priority and preemption policy, and the group of pods it is placed with."""
     ref = claim_ref(claim)
     names = class_names(claim) or []
     return ClaimRequested(
@@ -127,6 +128,7 @@ def claim_requested(
         priority=priority,
         preemption_policy=preemption_policy,
         protected=list(protected or []),
+        gang=gang,
     )
 
 
