@@ -39,10 +39,11 @@ def released(n: int) -> ClaimReleased:
     return ClaimReleased(key=uid, namespace="team", name=f"claim-{n}", uid=uid)
 
 
-def tray(node: str, clique: str) -> NodeInventory:
-    """A GB200 tray of the rack (fabric clique) `clique`."""
+def tray(node: str, clique: str | None, *, degraded: bool = False) -> NodeInventory:
+    """A GB200 tray of the rack (fabric clique) `clique`; None: its registration failed."""
     hw = renamed_machine(hardware("gb200-tray", "template"), node)
-    hw = msgspec.structs.replace(hw, gpus=[msgspec.structs.replace(g, clique_id=clique) for g in hw.gpus])
+    gpus = [msgspec.structs.replace(g, clique_id=clique, fabric_degraded=degraded) for g in hw.gpus]
+    hw = msgspec.structs.replace(hw, gpus=gpus)
     return NodeInventory(key=subject_token(node), hardware=hw)
 
 
@@ -144,6 +145,25 @@ def test_a_group_asking_for_an_nvlink_domain_lands_in_one_clique_the_tightest_th
     failed = [f for f in of(ClaimFailed, outputs) if f.cause != "gang"]
     assert len(failed) == 2 and "do not all fit in any NVLink fabric clique" in failed[0].reason
     assert all(book.fleet.allocation(request(n, {}).uid) is None for n in (21, 22))
+
+
+def test_a_domain_avoids_a_degraded_rack_and_never_counts_a_failed_tray() -> None:
+    book = ledger()
+    for node, clique, degraded in (("a1", "rack-a.1", True), ("a2", "rack-a.1", False)):
+        book.apply(tray(node, clique, degraded=degraded), live=False)
+    for node, clique in (("b1", "rack-b.1"), ("b2", "rack-b.1")):
+        book.apply(tray(node, clique), live=False)
+    for node, clique in (("c1", "rack-c.1"), ("c2", None)):  # c2 failed: rack c holds one tray
+        book.apply(tray(node, clique), live=False)
+    outputs = [o for n in (1, 2) for o in book.apply(member(n, "pair", 2, nvlink=True))]
+    assert sorted(a.node for a in of(ClaimAllocated, outputs)) == ["b1", "b2"]
+    # rack a, degraded, is taken when it is all that is left; rack c never (one tray in the clique)
+    outputs = [o for n in (3, 4) for o in book.apply(member(n, "next", 2, nvlink=True))]
+    assert sorted(a.node for a in of(ClaimAllocated, outputs)) == ["a1", "a2"]
+    outputs = [o for n in (5, 6) for o in book.apply(member(n, "last", 2, nvlink=True))]
+    assert {f.cause for f in of(ClaimFailed, outputs)} == {"gang", "capacity"} and not of(
+        ClaimAllocated, outputs
+    )
 
 
 def test_a_domain_on_a_fleet_without_fabric_fails_for_hardware() -> None:

@@ -4,8 +4,9 @@ Every claim of the group is decided in a trial fleet made of one candidate set o
 fleet itself is never touched until the whole group fits, so a group that does not fit holds
 nothing. The candidates are the NVLink fabric cliques (GB200 NVL racks or their partitions) for a
 group that asks for one NVLink domain, else the fleet as a whole. Among the candidates that hold
-the group, the one chosen spreads it over the fewest nodes and leaves the fewest whole GPUs free
-around it (the tightest fit), so larger cliques stay free for larger groups.
+the group, the one chosen has no tray with degraded NVLink bandwidth, spreads it over the fewest
+nodes and leaves the fewest whole GPUs free around it (the tightest fit), so larger cliques stay
+free for larger groups.
 """
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ def node_clique(fleet: FleetState, name: str) -> str | None:
     if len(cliques) != 1:
         return None
     return next(iter(cliques))
+
+
+def _degraded(fleet: FleetState, name: str) -> bool:
+    node = fleet.node(name)
+    return node is not None and any(gpu.fabric_degraded for gpu in node.hw.gpus)
 
 
 def cliques_of(fleet: FleetState, *, fenced: Iterable[str] = ()) -> dict[str, list[str]]:
@@ -90,7 +96,7 @@ def place_gang(
             )
     else:
         candidates = {"": [n for n in fleet.node_names if n not in left_out]}
-    best: tuple[tuple[int, int, str], GangPlaced] | None = None
+    best: tuple[tuple[int, int, int, str], GangPlaced] | None = None
     failures: list[tuple[str, Failed]] = []
     for clique, nodes in candidates.items():
         outcome = _try(fleet, nodes, claims, classes, policy)
@@ -102,7 +108,8 @@ def place_gang(
         trial, decisions = outcome
         used = {d.node for d in decisions}
         left_free = sum(sum(node.whole_free.values()) for node in (trial.node(n) for n in nodes) if node)
-        rank = (len(used), left_free, clique)
+        degraded = any(_degraded(fleet, n) for n in nodes)
+        rank = (int(degraded), len(used), left_free, clique)
         if best is None or rank < best[0]:
             best = (rank, GangPlaced(decisions=decisions, clique=clique or None))
     if best is not None:

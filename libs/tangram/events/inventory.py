@@ -78,6 +78,7 @@ class GpuInfo(msgspec.Struct, frozen=True, kw_only=True):
     processes: int = 0  # compute processes on the whole GPU
     health: Health = "healthy"
     health_reason: str = ""
+    fabric_degraded: bool = False  # the fabric reports the GPU's NVLink bandwidth degraded
 
 
 class GpuLink(msgspec.Struct, frozen=True, kw_only=True):

@@ -183,7 +183,9 @@ def _nvlink_peers(nvml: NvmlBackend, device: Device) -> tuple[dict[str, int], se
     return to_gpus, switches, switch_links
 
 
-def _clique(nvml: NvmlBackend, device: Device) -> str | None:
+def _clique(nvml: NvmlBackend, device: Device) -> tuple[str, bool] | None:
+    """The GPU's fabric clique ("<cluster uuid>.<clique id>") and whether its NVLink bandwidth is
+    degraded; None when the GPU is in no fabric or its registration is not complete."""
     try:
         info = calls.fabric_info(nvml, device)
     except pynvml.NVMLError:
@@ -196,7 +198,11 @@ def _clique(nvml: NvmlBackend, device: Device) -> str | None:
     ):
         return None
     h = raw.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}.{info.cliqueId}"
+    degraded_bw = (info.healthMask >> pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW) & (
+        (1 << pynvml.NVML_GPU_FABRIC_HEALTH_MASK_WIDTH_DEGRADED_BW) - 1
+    )
+    clique = f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}.{info.cliqueId}"
+    return clique, degraded_bw == pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE
 
 
 # Reading a node takes many NVML calls; the partitioner may change the GPUs in between (MIG mode
@@ -269,7 +275,8 @@ def _read_node_hardware(
         )
     links = compute_links(gpus, facts)
 
-    cliques = {i: c for i, d in enumerate(devices) if (c := _clique(nvml, d)) is not None}
+    fabric = {i: c for i, d in enumerate(devices) if (c := _clique(nvml, d)) is not None}
+    cliques = {i: clique for i, (clique, _) in fabric.items()}
     groups = _switch_groups(switch_sets)
     domains = nvlink_domains(node, list(range(count)), links, switch_groups=groups, cliques=cliques)
     gpus = [
@@ -277,6 +284,7 @@ def _read_node_hardware(
             g,
             nvlink_domain=domains[g.index],
             clique_id=cliques.get(g.index),
+            fabric_degraded=g.index in fabric and fabric[g.index][1],
             mig_instances=_with_minors(g, minors) if minors else g.mig_instances,
         )
         for g in gpus

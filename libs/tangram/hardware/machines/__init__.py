@@ -12,9 +12,10 @@ simulator's answers, a node's inventory, the allocator's tables) runs on a bound
 from __future__ import annotations
 
 import re
+import uuid
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
@@ -93,8 +94,15 @@ class NvlinkWiring(_Strict):
 
 
 class FabricSpec(_Strict):
+    """What NVML's fabric info says of every switch-attached GPU of the machine (GB200 NVL): the
+    NVLink domain (cluster UUID, one per rack) and the fabric-manager partition (clique id)."""
+
     cluster_uuid: Annotated[str, Field(pattern=r"^[0-9a-fA-F-]{36}$")]
     clique_id: int = Field(ge=0)
+    # how far the fabric manager got registering the GPUs: a tray whose registration never
+    # completes (a failed tray) is in no clique
+    state: Literal["completed", "in-progress", "not-started"] = "completed"
+    degraded_bandwidth: bool = False  # some NVLinks of the tray are down: the domain runs slower
 
 
 class MachineSpec(_Strict):
@@ -149,6 +157,39 @@ class MachineSpec(_Strict):
 
     def switch_attached(self, index: int) -> bool:
         return index in self._switched
+
+
+# GPU UUIDs and rack cluster UUIDs of simulated racks, stable per node and rack name
+_RACK_NAMESPACE = uuid.UUID("6f1d2c8e-3b4a-4e5f-9a7b-1c2d3e4f5a6b")
+
+
+def rack_tray(
+    tray: MachineSpec,
+    *,
+    node: str,
+    rack: str,
+    partition: int | None = None,
+    state: Literal["completed", "in-progress", "not-started"] = "completed",
+    degraded_bandwidth: bool = False,
+) -> MachineSpec:
+    """The tray `tray` (a machine with a fabric) as node `node` of NVL rack `rack`: its GPUs have
+    UUIDs of their own, and its fabric the rack's cluster UUID and the clique of fabric-manager
+    partition `partition` (the tray's own clique id when None)."""
+    if tray.fabric is None:
+        raise MachineError(f"machine {tray.name} has no NVLink fabric: it is no tray of an NVL rack")
+    gpus = [
+        g.model_copy(update={"uuid": f"GPU-{uuid.uuid5(_RACK_NAMESPACE, f'{rack}/{node}/{i}')}"})
+        for i, g in enumerate(tray.gpus)
+    ]
+    fabric = FabricSpec(
+        cluster_uuid=str(uuid.uuid5(_RACK_NAMESPACE, f"rack/{rack}")),
+        clique_id=tray.fabric.clique_id if partition is None else partition,
+        state=state,
+        degraded_bandwidth=degraded_bandwidth,
+    )
+    return MachineSpec.model_validate(
+        {**tray.model_dump(), "gpus": [g.model_dump() for g in gpus], "fabric": fabric.model_dump()}
+    )
 
 
 def _package_dir() -> Path:

@@ -27,6 +27,10 @@ from tangram.nvml.sim.state import (
 
 MIB = 1024 * 1024
 _NO_ID = 0xFFFFFFFF
+_FABRIC_STATES = {
+    "not-started": pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED,
+    "in-progress": pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS,
+}
 _EVENT_SET_IDS = itertools.count(1)
 
 
@@ -580,10 +584,22 @@ class SimNvml(SimHooks):
                     pynvml.NVML_ERROR_NOT_SUPPORTED,
                 )
                 return int(pynvml.NVML_SUCCESS)
+            if fabric.state != "completed":
+                # registration with the fabric manager not done: no cluster, no clique yet
+                info.state = _FABRIC_STATES[fabric.state]
+                info.status = pynvml.NVML_ERROR_NOT_READY
+                return int(pynvml.NVML_SUCCESS)
             raw = bytes.fromhex(fabric.cluster_uuid.replace("-", ""))
             ctypes.memmove(info.clusterUuid, raw, len(raw))
             info.state, info.status = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, pynvml.NVML_SUCCESS
             info.cliqueId = fabric.clique_id
+            degraded = (
+                pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE
+                if fabric.degraded_bandwidth
+                else pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_FALSE
+            )
+            if hasattr(info, "healthMask"):  # v2 and later of the struct
+                info.healthMask = degraded << pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW
             return int(pynvml.NVML_SUCCESS)
 
     def pcie_root_of(self, pci_bus_id: str) -> str | None:
