@@ -8,6 +8,7 @@ import msgspec
 
 from tangram.allocation import FleetState
 from tangram.allocation.ledger import Ledger
+from tangram.dra.imex import ImexChannel, imex_of
 from tangram.events import (
     ClaimAllocated,
     ClaimFailed,
@@ -143,7 +144,8 @@ def test_a_group_asking_for_an_nvlink_domain_lands_in_one_clique_the_tightest_th
         for o in book.apply(m)
     ]
     failed = [f for f in of(ClaimFailed, outputs) if f.cause != "gang"]
-    assert len(failed) == 2 and "do not all fit in any NVLink fabric clique" in failed[0].reason
+    assert len(failed) == 2 and {f.cause for f in failed} == {"capacity"}
+    assert "every node of the fleet's NVLink fabric cliques serves another group's domain" in failed[0].reason
     assert all(book.fleet.allocation(request(n, {}).uid) is None for n in (21, 22))
 
 
@@ -223,3 +225,66 @@ def test_a_released_member_leaves_the_group_and_its_replacement_is_placed_with_t
     )
     [allocated] = of(ClaimAllocated, book.apply(replacement))
     assert allocated.name == "claim-3" and book.fleet.allocation(request(1, {}).uid) is not None
+
+
+def channel_of(allocated: ClaimAllocated) -> ImexChannel | None:
+    return imex_of(allocated.config, "gpu.tangram.dev")
+
+
+def test_a_domain_gets_an_imex_channel_on_exactly_its_nodes_and_no_node_serves_two_domains() -> None:
+    book = ledger()
+    for node in ("a1", "a2", "a3"):
+        book.apply(tray(node, "rack-a.1"), live=False)
+    first = [o for n in (1, 2) for o in book.apply(member(n, "one", 2, 1, nvlink=True))]
+    [c1, c2] = [channel_of(a) for a in of(ClaimAllocated, first)]
+    assert c1 == c2 and c1 is not None
+    assert (c1.domain, c1.channel, c1.clique, c1.nodes) == ("team/one", 0, "rack-a.1", ("a1",))
+
+    # the second domain would fit beside the first on a1 (2 GPUs free), but a1 serves domain one
+    second = [o for n in (3, 4) for o in book.apply(member(n, "two", 2, 1, nvlink=True))]
+    channels = {channel_of(a) for a in of(ClaimAllocated, second)}
+    assert len(channels) == 1
+    [c3] = channels
+    assert c3 is not None and (c3.domain, c3.channel, c3.nodes) == ("team/two", 1, ("a2",))
+    # a claim alone (no domain) may still take what is free on a domain's node
+    [alone] = of(ClaimAllocated, book.apply(request(9, gpus(4))))
+    assert alone.node == "a3" and channel_of(alone) is None
+    [small] = of(ClaimAllocated, book.apply(request(10, gpus(2))))
+    assert small.node in ("a1", "a2") and channel_of(small) is None
+
+    # once all of domain one's claims are gone, so is it, and its channel is free again
+    assert set(book.domains) == {"team/one", "team/two"}
+    for n in (1, 2):
+        book.apply(released(n))
+    assert set(book.domains) == {"team/two"}
+    third = [o for n in (5, 6) for o in book.apply(member(n, "three", 2, 1, nvlink=True))]
+    assert {c.channel for a in of(ClaimAllocated, third) if (c := channel_of(a))} == {0}
+
+
+def test_a_rebuilt_ledger_holds_the_same_domains() -> None:
+    book = ledger()
+    log: list[Event] = [tray("a1", "rack-a.1"), tray("a2", "rack-a.1")]
+    for event in log:
+        book.apply(event, live=False)
+    for n in (1, 2):
+        asked = member(n, "one", 2, 4, nvlink=True)
+        log += [asked, *book.apply(asked)]
+    rebuilt = ledger()
+    for event in log:
+        rebuilt.apply(event, live=False)
+    assert rebuilt.snapshot()["domains"] == book.snapshot()["domains"] != {}
+    assert rebuilt.domains["team/one"].nodes == ("a1", "a2")
+
+
+def test_a_claim_cannot_ask_for_an_imex_channel_itself() -> None:
+    """The kind is the allocator's to write: a claim carrying it is refused, naming the kind."""
+    book = ledger()
+    book.apply(tray("a1", "rack-a.1"), live=False)
+    forged = ImexChannel(domain="team/x", clique="rack-a.1", channel=0, nodes=("a1",))
+    spec = gpus(1)
+    spec["devices"]["config"] = [
+        {"opaque": {"driver": "gpu.tangram.dev", "parameters": forged.model_dump(mode="json")}}
+    ]
+    [failed] = book.apply(request(1, spec))
+    assert isinstance(failed, ClaimFailed) and failed.cause == "claim"
+    assert "'ImexChannel' is not a gpu.tangram.dev parameter kind" in failed.reason

@@ -85,6 +85,16 @@ def place_gang(
         candidates = cliques_of(fleet, fenced=left_out)
         if within is not None:
             candidates = {within: candidates[within]} if within in candidates else {}
+        if not candidates and cliques_of(fleet):
+            return Failed(
+                claim_uid=first,
+                reason=(
+                    f"group {group} asks for one NVLink domain, and every node of the fleet's NVLink "
+                    "fabric cliques serves another group's domain or is reserved for a preemption; "
+                    "none of its claims is allocated"
+                ),
+                cause="capacity",
+            )
         if not candidates:
             return Failed(
                 claim_uid=first,

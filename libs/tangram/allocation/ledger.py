@@ -20,6 +20,7 @@ from tangram.allocation.model import (
     Allocated,
     Claim,
     Decision,
+    Failed,
     PartitionPlan,
     Policy,
     Release,
@@ -27,6 +28,7 @@ from tangram.allocation.model import (
 )
 from tangram.allocation.reserving import Reservation, Reserving
 from tangram.allocation.spec import DeviceClass
+from tangram.dra.imex import ImexChannel, free_channel, imex_config, imex_of
 from tangram.dra.sharing import allocation_shares
 from tangram.events import (
     CLAIMS_STREAM,
@@ -89,6 +91,9 @@ class Ledger(Reserving):
     reservations: dict[str, Reservation] = field(default_factory=dict)  # preemptor uid -> its reservation
     # (namespace, group) -> uid -> the last request of each claim of a group of pods (gangs.py)
     gangs: dict[tuple[str, str], dict[str, ClaimRequested]] = field(default_factory=dict)
+    # "<namespace>/<group>" -> the IMEX channel of a group's NVLink domain, while a claim holds it
+    domains: dict[str, ImexChannel] = field(default_factory=dict)
+    _domain_members: dict[str, set[str]] = field(default_factory=dict)  # domain -> claim uids
 
     def folded(self, stream: str, sequence: int) -> None:
         """The event about to be folded is at `sequence` of `stream` (decisions record it, for replay).
@@ -108,6 +113,7 @@ class Ledger(Reserving):
             "released": sorted(self.released),
             "held": fleet["claims"],
             "allocated": {name: node["allocated"] for name, node in fleet["nodes"].items()},
+            "domains": {domain: c.model_dump(mode="json") for domain, c in sorted(self.domains.items())},
             "reservations": {
                 uid: {"node": r.node, "priority": r.priority, "victims": list(r.victims)}
                 for uid, r in sorted(self.reservations.items())
@@ -168,8 +174,10 @@ class Ledger(Reserving):
                 # A claim fails after its allocation when its MIG instance could not be created;
                 # live, its devices were freed then, and a rebuild must free them too.
                 self.fleet.release_replayed(uid)
+                self._leave_domain(uid)
             case ClaimReleased(uid=uid) if uid in self.outside:
                 self._leave_gang(uid)
+                self._leave_domain(uid)
                 self._undecided.pop(uid, None)
                 self.reservations.pop(uid, None)
                 self.priorities.pop(uid, None)
@@ -182,6 +190,7 @@ class Ledger(Reserving):
                     self.fleet.release_replayed(uid)
             case ClaimReleased(uid=uid):
                 self._leave_gang(uid)
+                self._leave_domain(uid)
                 self._undecided.pop(uid, None)
                 self.reservations.pop(uid, None)
                 self.priorities.pop(uid, None)
@@ -354,6 +363,7 @@ class Ledger(Reserving):
                 Allocated(claim_uid=request.uid, node=decision.node, devices=devices, config=decision.config)
             )
             self.fleet.note_demand(_claim_of(request), classes)
+        self._join_domain(request.uid, decision.config)
         allocated = ClaimAllocated(
             key=request.key,
             event_id=derived_id(request.uid, "allocated"),
@@ -415,16 +425,23 @@ class Ledger(Reserving):
             classes.update(self.classes_for(member))
         for member in open_requests:
             self.attempts[member.uid] = max(self.attempts.get(member.uid, 0), member.attempt)
-        placed = place_gang(
+        domain = f"{request.namespace}/{gang.group}"
+        fenced = self._fenced_for(request)
+        if gang.nvlink_domain:
+            # a node serves one NVLink domain at a time: its IMEX daemon's nodes config is one list
+            fenced |= {n for other, channel in self.domains.items() if other != domain for n in channel.nodes}
+        placed: GangPlaced | Failed = place_gang(
             self.fleet,
             [_claim_of(m) for m in open_requests],
             classes,
             self.policy,
             group=gang.group,
             nvlink_domain=gang.nvlink_domain,
-            fenced=self._fenced_for(request),
+            fenced=fenced,
             within=next(iter(held_cliques)) if gang.nvlink_domain and len(held_cliques) == 1 else None,
         )
+        if isinstance(placed, GangPlaced) and gang.nvlink_domain:
+            placed = self._with_channel(domain, placed, open_requests[0].uid)
         outputs: list[Event] = []
         if isinstance(placed, GangPlaced):
             for member, decision in zip(open_requests, placed.decisions, strict=True):
@@ -437,6 +454,50 @@ class Ledger(Reserving):
                 self.fleet.note_demand(_claim_of(member), classes)
             outputs.append(self._gang_failure(member, request, placed.reason, placed.cause))
         return outputs
+
+    def _with_channel(self, domain: str, placed: GangPlaced, first: str) -> GangPlaced | Failed:
+        """The group's decisions, each carrying the domain's IMEX channel: the one the domain holds
+        already (a member placed again joins it), else the lowest free in the clique."""
+        assert placed.clique is not None
+        held = self.domains.get(domain)
+        nodes = set(placed.nodes) | set(held.nodes if held is not None else ())
+        channel = (
+            held.channel
+            if held is not None
+            else free_channel(c.channel for c in self.domains.values() if c.clique == placed.clique)
+        )
+        if channel is None:
+            return Failed(
+                claim_uid=first,
+                reason=f"group {domain}: every IMEX channel of clique {placed.clique} is taken",
+                cause="capacity",
+            )
+        entry = imex_config(
+            ImexChannel(domain=domain, clique=placed.clique, channel=channel, nodes=tuple(sorted(nodes))),
+            self.fleet.driver,
+        )
+        return GangPlaced(
+            decisions=tuple(msgspec.structs.replace(d, config=[*d.config, entry]) for d in placed.decisions),
+            clique=placed.clique,
+        )
+
+    def _join_domain(self, uid: str, config: list[dict[str, Any]]) -> None:
+        try:
+            channel = imex_of(config, self.fleet.driver)
+        except ValueError:
+            return  # written by this allocator: a config it cannot read back is none of its own
+        if channel is None:
+            return
+        self.domains[channel.domain] = channel
+        self._domain_members.setdefault(channel.domain, set()).add(uid)
+
+    def _leave_domain(self, uid: str) -> None:
+        for domain, members in list(self._domain_members.items()):
+            if uid in members:
+                members.discard(uid)
+                if not members:
+                    del self._domain_members[domain]
+                    self.domains.pop(domain, None)
 
     def _gang_members(self, namespace: str, group: str) -> dict[str, ClaimRequested]:
         """The group's claims still to be placed or held: released ones are gone from it."""
@@ -525,6 +586,7 @@ class Ledger(Reserving):
             self.fleet.adopt(
                 Allocated(claim_uid=event.uid, node=event.node, devices=event.devices, config=event.config)
             )
+            self._join_domain(event.uid, event.config)
 
     def _adopt_allocation(
         self, request: ClaimRequested, allocation: dict[str, Any], *, live: bool
@@ -604,6 +666,7 @@ class Ledger(Reserving):
             ),
             attempt=attempt,
         )
+        self._leave_domain(uid)
         if not live:
             self.fleet.release_replayed(uid)
             return [failed]
@@ -677,6 +740,7 @@ class Ledger(Reserving):
 
     def _fail_after_partition(self, uid: str, failure: PartitionFailed) -> list[Event]:
         destroy = self._release(uid)
+        self._leave_domain(uid)
         self.decided[uid] = "failed"
         namespace, name = self.claims.get(uid, ("", ""))
         return [
