@@ -20,6 +20,8 @@ from tangram.events import (
     PartitionRequested,
     subject_token,
 )
+from tangram.imex import ImexDomains
+from tangram.imex.domains import REAL_DAEMON_COMMAND, SIMULATED_DAEMON_COMMAND
 from tangram.kubelet import (
     AllocationSource,
     HealthBoard,
@@ -94,8 +96,22 @@ def sharing_manager(settings: CdiSettings) -> SharingManager | None:
     return SharingManager(nvml, root=settings.mps_root, control_command=control)
 
 
+def imex_domains(settings: CdiSettings) -> ImexDomains:
+    """The IMEX daemon of the NVLink domain the node serves: NVIDIA's, or the stand-in on a
+    simulated node, whose channel device nodes are plain files in its simulated driver root."""
+    simulated = settings.sim_machine is not None
+    command = settings.imex_daemon or (SIMULATED_DAEMON_COMMAND if simulated else REAL_DAEMON_COMMAND)
+    return ImexDomains(
+        node=settings.node_name,
+        root=settings.imex_root,
+        dev_root=settings.driver_root_mount or settings.driver_root,
+        command=command,
+        simulated=simulated,
+    )
+
+
 async def run(ctx: ServiceContext, settings: CdiSettings) -> None:
-    view = InMemoryAllocationSource(settings.node_name)
+    view = InMemoryAllocationSource(settings.node_name, driver=settings.driver_name)
     health = HealthBoard(settings.node_name, driver=settings.driver_name)
     nvml_version: list[str] = []  # the driver version discovery read from NVML, once its inventory is in
 
@@ -131,6 +147,7 @@ async def run(ctx: ServiceContext, settings: CdiSettings) -> None:
                 driver=driver,
                 health=health,
                 sharing=await asyncio.to_thread(sharing_manager, settings),
+                imex=imex_domains(settings),
             )
             async with plugin:
                 ctx.readiness.append(plugin.registration_problem)

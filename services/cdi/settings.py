@@ -30,6 +30,8 @@ class CdiSettings(NodeSettings):
     real: bool = False
     mps_root: Path = Path("/run/tangram/mps")  # <device UUID>/pipe and /log of each daemon
     mps_control: tuple[str, ...] = ()  # the MPS control program; default: NVIDIA's, or the stand-in
+    imex_root: Path = Path("/run/tangram/imex")  # <namespace>_<group>/ config of each domain's daemon
+    imex_daemon: tuple[str, ...] = ()  # the IMEX daemon program; default: nvidia-imex, or the stand-in
 
     @model_validator(mode="after")
     def _one_backend(self) -> CdiSettings:
@@ -39,6 +41,8 @@ class CdiSettings(NodeSettings):
             raise ValueError("--state-file belongs to a simulated machine (--sim)")
         if not self.mps_root.is_absolute():
             raise ValueError(f"--mps-root {self.mps_root} must be an absolute path")
+        if not self.imex_root.is_absolute():
+            raise ValueError(f"--imex-root {self.imex_root} must be an absolute path")
         return self
 
     @property
@@ -91,6 +95,16 @@ def parse_settings(argv: list[str] | None = None) -> CdiSettings:
         default=env("TANGRAM_MPS_CONTROL", ""),
         help="the MPS control program (default nvidia-cuda-mps-control; the simulator's stand-in with --sim)",
     )
+    parser.add_argument(
+        "--imex-root",
+        default=env("TANGRAM_IMEX_ROOT", "/run/tangram/imex"),
+        help="config directories of the IMEX daemons of the NVLink domains this node serves",
+    )
+    parser.add_argument(
+        "--imex-daemon",
+        default=env("TANGRAM_IMEX_DAEMON", ""),
+        help="the IMEX daemon program (default nvidia-imex; the simulator's stand-in with --sim)",
+    )
     args = parser.parse_args(argv)
     if args.sim is not None and args.real:
         parser.error("choose one of --sim and --real")
@@ -110,4 +124,6 @@ def parse_settings(argv: list[str] | None = None) -> CdiSettings:
         state_file=args.state_file,
         mps_root=args.mps_root,
         mps_control=tuple(args.mps_control.split()),
+        imex_root=args.imex_root,
+        imex_daemon=tuple(args.imex_daemon.split()),
     )

@@ -7,6 +7,7 @@ import stat
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import msgspec
 import pytest
 
 from tangram.cdi import (
@@ -23,6 +24,8 @@ from tangram.cdi import (
     validate_spec,
     validate_spec_bytes,
 )
+from tangram.cdi.devices import ImexGrant
+from tangram.cdi.spec import allocation_from_spec
 from tests.kubelet.fakes import schema_validator
 
 TESTDATA = Path(__file__).parent / "testdata"
@@ -86,6 +89,18 @@ def test_spec_of_a_gpu_and_a_mig_instance() -> None:
     assert spec["annotations"]["gpu.tangram.dev/claim"] == "ml/mixed"
     validate_spec(spec)
     assert list(schema_validator().iter_errors(spec)) == []
+
+
+def test_a_claim_of_an_nvlink_domain_gets_the_domains_imex_channel_and_reads_back_with_it() -> None:
+    grant = ImexGrant(domain="ml/train", channel=5, nodes=["tray-1", "tray-2"])
+    allocation = msgspec.structs.replace(two_device_claim(), imex=grant)
+    spec = build_spec(allocation, kind=KIND)
+    assert spec["containerEdits"]["deviceNodes"][-1] == {"path": "/dev/nvidia-caps-imex-channels/channel5"}
+    validate_spec(spec)
+    assert list(schema_validator().iter_errors(spec)) == []
+    assert allocation_from_spec(spec, kind=KIND).imex == grant
+    plain = build_spec(two_device_claim(), kind=KIND)
+    assert not any("imex" in n["path"] for n in plain["containerEdits"]["deviceNodes"])
 
 
 def test_driver_root_becomes_host_paths() -> None:

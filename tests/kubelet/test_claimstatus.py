@@ -8,6 +8,7 @@ import pytest
 
 from tangram.cdi.devices import ClaimRef
 from tangram.dra import node_devices
+from tangram.dra.imex import ImexChannel
 from tangram.kubelet.claimstatus import ClaimRefused, check_topology, read_allocation
 from tests.allocator.helpers import hardware
 from tests.support.driver import DRIVER
@@ -113,3 +114,31 @@ def test_unreadable_allocations_are_refused_naming_the_field(body: dict[str, Any
 def test_an_opaque_config_of_another_driver_is_not_ours_to_read() -> None:
     other = {"opaque": {"driver": "net.example.com", "parameters": {"kind": "Anything"}}}
     assert read_allocation(claim(["gpu-0"], [other]), CLAIM, driver=DRIVER, pool=NODE).topology == ()
+
+
+def imex(source: str = "FromClaim", nodes: tuple[str, ...] = (NODE,)) -> dict[str, Any]:
+    channel = ImexChannel(domain="ml/train", clique="c.1", channel=2, nodes=nodes)
+    return {"source": source, "opaque": {"driver": DRIVER, "parameters": channel.model_dump(mode="json")}}
+
+
+def test_the_allocators_imex_channel_is_read() -> None:
+    allocation = read_allocation(claim(["gpu-0"], [imex()]), CLAIM, driver=DRIVER, pool=NODE)
+    assert allocation.imex is not None and (allocation.imex.domain, allocation.imex.channel) == (
+        "ml/train",
+        2,
+    )
+
+
+def test_an_imex_channel_a_claim_or_its_class_carries_is_refused() -> None:
+    """Attack: a claim writes the kind into its own spec, kube-scheduler copies it into the
+    allocation (FromClaim), and the node would hand out a channel no allocator gave."""
+    forged = claim(["gpu-0"], [imex()])
+    forged["spec"] = {"devices": {"requests": [], "config": [{"opaque": imex()["opaque"]}]}}
+    with pytest.raises(ClaimRefused, match="an ImexChannel config is Tangram's own"):
+        read_allocation(forged, CLAIM, driver=DRIVER, pool=NODE)
+    with pytest.raises(ClaimRefused, match="an ImexChannel config is Tangram's own"):
+        read_allocation(claim(["gpu-0"], [imex("FromClass")]), CLAIM, driver=DRIVER, pool=NODE)
+    broken = imex()
+    broken["opaque"]["parameters"]["channel"] = 99999
+    with pytest.raises(ClaimRefused, match=r"invalid ImexChannel.*channel"):
+        read_allocation(claim(["gpu-0"], [broken]), CLAIM, driver=DRIVER, pool=NODE)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
+from tangram.dra.imex import IMEX_CHANNEL_DIR, ImexChannel
 from tangram.events.catalogue import DeviceShare
 
 
@@ -39,6 +40,30 @@ class ResolvedDevice(msgspec.Struct, frozen=True, kw_only=True):
         return self.mig_uuid or self.gpu_uuid
 
 
+class ImexGrant(msgspec.Struct, frozen=True, kw_only=True):
+    """A claim's part of a group's NVLink domain: its IMEX channel, shared by the domain's nodes."""
+
+    domain: str  # "<namespace>/<group>"
+    channel: int
+    nodes: list[str]
+
+    @property
+    def directory_name(self) -> str:
+        namespace, _, group = self.domain.partition("/")
+        return f"{namespace}_{group}"
+
+    @property
+    def device_path(self) -> str:
+        return f"{IMEX_CHANNEL_DIR}/channel{self.channel}"
+
+
 class ResolvedAllocation(msgspec.Struct, frozen=True, kw_only=True):
     claim: ClaimRef
     devices: list[ResolvedDevice]
+    imex: ImexGrant | None = None  # the IMEX channel of the claim's NVLink domain, if it is in one
+
+
+def imex_grant(channel: ImexChannel | None) -> ImexGrant | None:
+    if channel is None:
+        return None
+    return ImexGrant(domain=channel.domain, channel=channel.channel, nodes=list(channel.nodes))

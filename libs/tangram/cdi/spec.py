@@ -137,7 +137,8 @@ def build_spec(
     """The CDI spec of one claim: one CDI device per allocated device, common edits at spec level.
 
     A share of a device also gets its share's edits (share_edits): under MPS the pipe directory of
-    the device's control daemon, `<share_root>/<device UUID>/pipe`, and the share's limits.
+    the device's control daemon, `<share_root>/<device UUID>/pipe`, and the share's limits. A claim
+    of an NVLink domain gets the domain's IMEX channel device node at spec level.
 
     The claim's device list is set at spec level because CDI applies an env edit per injected
     device and the last one would win; a list per device cannot express a set. With `driver` the
@@ -177,7 +178,13 @@ def build_spec(
                 if driver is None
                 else ["NVIDIA_VISIBLE_DEVICES=void", f"TANGRAM_VISIBLE_DEVICES={visible}"]
             ),
-            "deviceNodes": [_device_node(path, driver_root) for path in CONTROL_DEVICE_NODES],
+            "deviceNodes": [
+                _device_node(path, driver_root)
+                for path in (
+                    *CONTROL_DEVICE_NODES,
+                    *((allocation.imex.device_path,) if allocation.imex is not None else ()),
+                )
+            ],
         },
     }
     if driver is not None:

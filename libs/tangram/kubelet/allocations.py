@@ -10,7 +10,9 @@ from typing import NamedTuple, Protocol, TypeVar
 
 import msgspec
 
-from tangram.cdi.devices import ClaimRef, ResolvedAllocation, ResolvedDevice
+from tangram import DRIVER_NAME
+from tangram.cdi.devices import ClaimRef, ResolvedAllocation, ResolvedDevice, imex_grant
+from tangram.dra.imex import imex_of
 from tangram.events import (
     AllocatedDevice,
     ClaimAllocated,
@@ -58,8 +60,9 @@ class InMemoryAllocationSource:
     results with `resolve_devices`.
     """
 
-    def __init__(self, node: str) -> None:
+    def __init__(self, node: str, *, driver: str = DRIVER_NAME) -> None:
         self.node = node
+        self.driver = driver
         self.hardware: NodeHardware | None = None
         self._gpus_by_index: dict[int, GpuInfo] = {}
         self._gpus_by_uuid: dict[str, GpuInfo] = {}
@@ -180,8 +183,16 @@ class InMemoryAllocationSource:
         if allocation is None:
             raise Pending(f"waiting for the allocation of claim {claim.uid} on node {self.node}")
         self._raise_partition_failure(set(allocation.partitions), claim.uid)
+        try:
+            channel = imex_of(allocation.config, self.driver)
+        except ValueError as error:
+            raise AllocationUnavailable(
+                f"claim {claim.uid}: its IMEX channel is unreadable: {error}"
+            ) from None
         return ResolvedAllocation(
-            claim=claim, devices=[self._resolve_device(device) for device in allocation.devices]
+            claim=claim,
+            devices=[self._resolve_device(device) for device in allocation.devices],
+            imex=imex_grant(channel),
         )
 
     def _raise_partition_failure(self, commands: set[str], claim_uid: str) -> None:

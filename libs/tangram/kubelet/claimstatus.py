@@ -22,6 +22,7 @@ from tangram.dra.config import (
     parse_sharing_config,
     parse_topology_config,
 )
+from tangram.dra.imex import IMEX_KIND, ImexChannel, imex_of
 from tangram.dra.model import Device
 from tangram.dra.names import names_result
 from tangram.dra.sharing import read_share
@@ -60,6 +61,7 @@ class TopologyRule:
 class ClaimAllocation:
     results: tuple[DeviceResult, ...]
     topology: tuple[TopologyRule, ...]
+    imex: ImexChannel | None = None  # the IMEX channel of the claim's NVLink domain (the allocator's)
 
 
 def _mapping(value: Any, where: str) -> dict[str, Any]:
@@ -126,7 +128,36 @@ def read_allocation(obj: Any, claim: ClaimRef, *, driver: str, pool: str) -> Cla
         _with_share(result, entry, sharing, claim_uid=claim.uid, what=what, position=position)
         for position, (result, entry) in enumerate(zip(results, raw_results, strict=True))
     )
-    return ClaimAllocation(results=shared, topology=topology)
+    return ClaimAllocation(results=shared, topology=topology, imex=_imex(body, devices, driver, what))
+
+
+def _imex(body: dict[str, Any], devices: dict[str, Any], driver: str, what: str) -> ImexChannel | None:
+    """The allocator's IMEX channel in the allocation. Only Tangram's allocator writes one: a claim
+    (or a DeviceClass) carrying the kind itself would have kube-scheduler copy it into the
+    allocation, and get an IMEX channel no allocator gave it."""
+    spec_devices = (body.get("spec") or {}).get("devices") or {}
+    try:
+        asked = imex_of(spec_devices.get("config") or [], driver) if isinstance(spec_devices, dict) else None
+        entries = _list(devices.get("config"), "status.allocation.devices.config")
+        channel = imex_of(entries, driver)
+    except ValueError as error:
+        raise ClaimRefused(f"{what}: invalid {IMEX_KIND}: {error}") from None
+    if channel is None:
+        return None
+    from_class = any(
+        isinstance(e, dict)
+        and e.get("source") == "FromClass"
+        and isinstance(e.get("opaque"), dict)
+        and isinstance(e["opaque"].get("parameters"), dict)
+        and e["opaque"]["parameters"].get("kind") == IMEX_KIND
+        for e in entries
+    )
+    if asked is not None or from_class:
+        raise ClaimRefused(
+            f"{what}: an {IMEX_KIND} config is Tangram's own, written by its allocator for a group's "
+            "NVLink domain; one from the claim or its DeviceClass is refused"
+        )
+    return channel
 
 
 def _with_share(
@@ -179,6 +210,8 @@ def _configs(
         if not isinstance(parameters, dict):
             raise ClaimRefused(f"{what}: {where}.opaque.parameters: expected an object")
         kind = parameters.get("kind")
+        if kind == IMEX_KIND:
+            continue  # the allocator's own (_imex)
         if kind not in PARAMETER_KINDS:
             raise ClaimRefused(
                 f"{what}: {where}.opaque.parameters.kind: {kind!r} is not a {driver} parameter kind "

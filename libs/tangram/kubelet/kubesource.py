@@ -16,9 +16,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+import msgspec
 from kubernetes_asyncio.client import ResourceV1Api
 
-from tangram.cdi.devices import ClaimRef, ResolvedAllocation
+from tangram.cdi.devices import ClaimRef, ResolvedAllocation, imex_grant
 from tangram.dra import node_devices
 from tangram.dra.model import Device
 from tangram.events import AllocatedDevice, MigPlacement, PartitionAction, PartitionRequested, subject_token
@@ -95,7 +96,8 @@ class KubeAllocationSource:
         for command in commands:
             await self._send(command)
         remaining = max(deadline - loop.time(), 0.0)
-        return await self._view.resolve_devices(claim, devices, timeout_s=remaining)
+        resolved = await self._view.resolve_devices(claim, devices, timeout_s=remaining)
+        return msgspec.structs.replace(resolved, imex=imex_grant(allocation.imex))
 
     def _plan(
         self, claim: ClaimRef, allocation: ClaimAllocation

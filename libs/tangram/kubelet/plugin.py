@@ -8,6 +8,7 @@ from tangram.cdi.checkpoint import CheckpointStore, read_boot_id
 from tangram.cdi.driver import DriverFiles
 from tangram.cdi.spec import CdiKind
 from tangram.cdi.writer import CdiSpecWriter
+from tangram.imex import ImexDomains
 from tangram.kubelet.allocations import AllocationSource
 from tangram.kubelet.config import PluginConfig
 from tangram.kubelet.health import HealthBoard
@@ -25,11 +26,13 @@ async def build_plugin(
     driver: DriverFiles | None = None,
     health: HealthBoard | None = None,
     sharing: SharingManager | None = None,
+    imex: ImexDomains | None = None,
 ) -> KubeletPlugin:
     """A plugin whose prepared state is recovered and ready; call `start()` (or `async with`) to serve.
 
     With `driver`, specs also carry the driver's libraries, utilities and ldcache hooks; with
-    `sharing`, claims holding shares of devices are prepared (MPS daemons, CDI edits per share).
+    `sharing`, claims holding shares of devices are prepared (MPS daemons, CDI edits per share);
+    with `imex`, claims of an NVLink domain (the domain's IMEX daemon and channel).
     """
     writer = CdiSpecWriter(
         config.cdi_dir,
@@ -49,6 +52,7 @@ async def build_plugin(
         on_event=on_event,
         producer=producer,
         sharing=sharing,
+        imex=imex,
     )
     await preparer.recover()
     return KubeletPlugin(config, preparer, health)

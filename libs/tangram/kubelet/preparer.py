@@ -17,6 +17,7 @@ from tangram.cdi.spec import cdi_device_id
 from tangram.cdi.validation import InvalidCdiSpec
 from tangram.cdi.writer import CdiSpecWriter
 from tangram.events import ClaimPrepared, ClaimUnprepared, PreparedDevice, subject_token
+from tangram.imex import ImexDomains, ImexError
 from tangram.kubelet.allocations import AllocationSource, AllocationUnavailable
 from tangram.sharing import (
     Holding,
@@ -69,9 +70,11 @@ class ClaimPreparer:
         on_event: EventSink | None = None,
         producer: str = "cdi",
         sharing: SharingManager | None = None,
+        imex: ImexDomains | None = None,
     ) -> None:
         self.node = node
         self._sharing = sharing
+        self._imex = imex
         self._source = source
         self._writer = writer
         self._checkpoint = checkpoint
@@ -94,6 +97,14 @@ class ClaimPreparer:
         report = await asyncio.to_thread(self._recover_blocking)
         if self._sharing is not None:
             await self._sharing.recover(self._holdings())
+        if self._imex is not None:
+            await self._imex.recover(
+                {
+                    uid: c.allocation.imex
+                    for uid, c in self._claims.items()
+                    if c.state == "prepared" and c.allocation.imex is not None
+                }
+            )
         log.info(
             "checkpoint %s: kept %d prepared claims, rewrote %d specs, removed %d specs",
             report.checkpoint,
@@ -226,6 +237,12 @@ class ClaimPreparer:
             raise AllocationUnavailable(f"allocation source answered for claim {allocation.claim.uid}")
         self._writer.render(allocation)  # refuse a bad spec before anything is recorded
         await self._share(allocation)
+        try:
+            await self._join_domain(allocation)
+        except BaseException:
+            if self._sharing is not None:
+                await asyncio.shield(self._sharing.release(claim.uid))
+            raise
         self._claims[claim.uid] = CheckpointedClaim(state="preparing", allocation=allocation)
         await self._checkpoint.save(self._claims)
         try:
@@ -235,6 +252,8 @@ class ClaimPreparer:
             await asyncio.shield(self._checkpoint.save(self._claims))
             if self._sharing is not None:
                 await asyncio.shield(self._sharing.release(claim.uid))
+            if self._imex is not None:
+                await asyncio.shield(self._imex.leave(claim.uid))
             raise
         self._claims[claim.uid] = CheckpointedClaim(state="prepared", allocation=allocation)
         await self._checkpoint.save(self._claims)
@@ -257,6 +276,22 @@ class ClaimPreparer:
         except (SharingError, SharingConflict, MpsControlError, InvalidDeviceUuid, LookupError) as error:
             await self._sharing.release(allocation.claim.uid)
             raise AllocationUnavailable(f"the share of {device.device} cannot be prepared: {error}") from None
+
+    async def _join_domain(self, allocation: ResolvedAllocation) -> None:
+        """The IMEX daemon of the claim's NVLink domain serving on this node before its spec (with
+        the domain's channel) is written."""
+        grant = allocation.imex
+        if grant is None:
+            return
+        if self._imex is None:
+            raise AllocationUnavailable(
+                f"claim {allocation.claim.uid} is in NVLink domain {grant.domain}, but IMEX is not "
+                "configured on this node"
+            )
+        try:
+            await self._imex.join(allocation.claim.uid, grant)
+        except ImexError as error:
+            raise AllocationUnavailable(str(error)) from None
 
     def _prepared_devices(self, allocation: ResolvedAllocation) -> list[PreparedDevice]:
         kind = self._writer.kind
@@ -306,6 +341,9 @@ class ClaimPreparer:
         if self._sharing is not None:
             # the device's daemon stops after its last share; its compute mode is restored
             await self._sharing.release(claim.uid)
+        if self._imex is not None:
+            # the domain's IMEX daemon stops after its last claim on the node
+            await self._imex.leave(claim.uid)
         del self._claims[claim.uid]
         await self._checkpoint.save(self._claims)
         return True

@@ -13,9 +13,12 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
+
+import yaml
 
 from tangram.cdi.simroot import lay_out_driver_root
-from tangram.hardware.machines import load_machine
+from tangram.hardware.machines import MachineSpec, load_machine, rack_tray
 from tangram.local.natsserver import NatsCluster, NatsServer
 from tangram.natsauth.credentials import write_secret
 from tangram.natsauth.permissions import ADMIN_USER, ALLOCATOR_USER, build_users, node_user, render_users
@@ -44,8 +47,29 @@ asyncio.run(main())
 
 @dataclass(frozen=True)
 class SimNode:
+    """A simulated node. With `rack`, the machine (a tray with an NVLink fabric, `gb200-tray`) is a
+    tray of that GB200 NVL rack, in the clique of fabric-manager partition `partition`; its fabric
+    registration may never have completed (`fabric_state`) or its bandwidth be degraded."""
+
     name: str
     machine: str
+    rack: str | None = None
+    partition: int | None = None
+    fabric_state: Literal["completed", "in-progress", "not-started"] = "completed"
+    degraded_bandwidth: bool = False
+
+    def machine_spec(self) -> MachineSpec:
+        machine = load_machine(self.machine)
+        if self.rack is None:
+            return machine
+        return rack_tray(
+            machine,
+            node=self.name,
+            rack=self.rack,
+            partition=self.partition,
+            state=self.fabric_state,
+            degraded_bandwidth=self.degraded_bandwidth,
+        )
 
 
 @dataclass
@@ -92,6 +116,23 @@ class LocalCluster:
 
     def state_file(self, node: str) -> Path:
         return self.workdir / node / "gpus.json"
+
+    def imex_root(self, node: str) -> Path:
+        return self.workdir / node / "imex"
+
+    def driver_root(self, node: str) -> Path:
+        return self.workdir / node / "driver-root"
+
+    def machine_source(self, node: SimNode) -> str:
+        """What the node's services simulate: the shipped machine's name, or the file of a rack's
+        tray (its own GPU UUIDs and the rack's fabric), written on first use."""
+        if node.rack is None:
+            return node.machine
+        path = self.workdir / node.name / "machine.yaml"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(yaml.safe_dump(node.machine_spec().model_dump(mode="json"), sort_keys=False))
+        return str(path)
 
     def dra_socket(self, node: str, driver: str = "gpu.tangram.dev") -> Path:
         return self.kubelet_root(node) / "plugins" / driver / "dra.sock"
@@ -175,11 +216,11 @@ class LocalCluster:
         (self.workdir / node.name).mkdir(parents=True, exist_ok=True)
         # A simulated node has no driver install; lay one out so its CDI specs are complete.
         driver_root = lay_out_driver_root(
-            self.workdir / node.name / "driver-root", load_machine(node.machine).driver_version
+            self.driver_root(node.name), load_machine(node.machine).driver_version
         )
         env = {"TANGRAM_NODE_NAME": node.name}
         user = node_user(node.name)
-        sim = ["--sim", node.machine, "--state-file", str(self.state_file(node.name))]
+        sim = ["--sim", self.machine_source(node), "--state-file", str(self.state_file(node.name))]
         kube = ["--kubernetes", "--kubeconfig", str(self.kubeconfig)] if self.kubeconfig else []
         self._spawn(
             f"discovery@{node.name}", ["services.discovery", *sim, "--refresh", "2", *kube], env, user
@@ -198,6 +239,8 @@ class LocalCluster:
                 *sim,
                 "--mps-root",
                 str(self.mps_root(node.name)),
+                "--imex-root",
+                str(self.imex_root(node.name)),
                 *kube,
             ],
             env,
