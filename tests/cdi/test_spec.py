@@ -25,6 +25,7 @@ from tangram.cdi import (
     validate_spec_bytes,
 )
 from tangram.cdi.devices import ImexGrant
+from tangram.cdi.driver import DriverFiles
 from tangram.cdi.spec import allocation_from_spec
 from tests.kubelet.fakes import schema_validator
 
@@ -101,6 +102,17 @@ def test_a_claim_of_an_nvlink_domain_gets_the_domains_imex_channel_and_reads_bac
     assert allocation_from_spec(spec, kind=KIND).imex == grant
     plain = build_spec(two_device_claim(), kind=KIND)
     assert not any("imex" in n["path"] for n in plain["containerEdits"]["deviceNodes"])
+    # with the driver's files, whose control nodes are the ones found, the channel stays
+    driver = DriverFiles(
+        version="580.95.05",
+        library_dir="/usr/lib",
+        libraries=(),
+        binaries=(),
+        firmware=(),
+        control_nodes=("/dev/nvidiactl",),
+    )
+    nodes = build_spec(allocation, kind=KIND, driver=driver)["containerEdits"]["deviceNodes"]
+    assert [n["path"] for n in nodes] == ["/dev/nvidiactl", "/dev/nvidia-caps-imex-channels/channel5"]
 
 
 def test_driver_root_becomes_host_paths() -> None:

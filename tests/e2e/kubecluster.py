@@ -100,38 +100,61 @@ async def started_node(
     kubelet; with `decide`, the allocator decides the claims of pods held by Tangram's gate."""
     # Short: the node's DRA socket path, under the work folder, must fit a unix socket address.
     name = f"n1-{unique.rsplit('-', 1)[-1]}"
-    await register_node(kube, name)
+    async with started_fleet(
+        controlplane, kube, unique, [SimNode(name, machine)], decide=decide, allocators=allocators
+    ) as nodes:
+        yield nodes[0]
+
+
+@contextlib.asynccontextmanager
+async def started_fleet(
+    controlplane: ControlPlane,
+    kube: Any,
+    unique: str,
+    sims: list[SimNode],
+    *,
+    decide: bool = False,
+    allocators: int = 1,
+) -> AsyncIterator[list[Node]]:
+    """Simulated nodes of Tangram's services against the control plane, each played by a test
+    kubelet, in the namespace `unique`."""
+    for sim_node in sims:
+        await register_node(kube, sim_node.name)
     await install_device_classes(kube)
     await call("create namespace", CoreV1Api(kube).create_namespace({"metadata": {"name": unique}}))
     cluster = LocalCluster(
-        [SimNode(name, machine)],
+        list(sims),
         kubeconfig=controlplane.kubeconfig,
         decide_in_kubernetes=decide,
         allocators=allocators,
     )
     cluster.start()
     stop = asyncio.Event()
-    kubelet = NodeKubelet(kube, node=name, dra_socket=cluster.dra_socket(name))
-    task = asyncio.create_task(kubelet.run(stop))
+    kubelets = [
+        asyncio.create_task(NodeKubelet(kube, node=n.name, dra_socket=cluster.dra_socket(n.name)).run(stop))
+        for n in sims
+    ]
     try:
+        for sim_node in sims:
 
-        async def serving() -> bool:
-            return cluster.dra_socket(name).exists()
+            async def serving(name: str = sim_node.name) -> bool:
+                return cluster.dra_socket(name).exists()
 
-        # Tests that call the plugin themselves wait for it to serve, as kubelet waits for its
-        # registration.
-        await until("the node's kubelet plugin serving", serving)
-        yield Node(name, unique, cluster, kube, machine)
+            # Tests that call the plugin themselves wait for it to serve, as kubelet waits for its
+            # registration.
+            await until(f"the kubelet plugin of {sim_node.name} serving", serving)
+        yield [Node(n.name, unique, cluster, kube, n.machine) for n in sims]
     finally:
         stop.set()
-        await task
+        await asyncio.gather(*kubelets)
         codes = cluster.stop()
         with contextlib.suppress(KubeApiError):
             await call("delete namespace", CoreV1Api(kube).delete_namespace(unique))
         # a node left behind, with its ResourceSlices, is one kube-scheduler may bind a later
         # test's pod to, where no kubelet runs
-        with contextlib.suppress(KubeApiError):
-            await call("delete node", CoreV1Api(kube).delete_node(name))
+        for sim_node in sims:
+            with contextlib.suppress(KubeApiError):
+                await call("delete node", CoreV1Api(kube).delete_node(sim_node.name))
         assert all(code == 0 for name, code in codes.items() if name not in cluster.crashed), codes
 
 

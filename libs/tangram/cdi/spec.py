@@ -178,17 +178,13 @@ def build_spec(
                 if driver is None
                 else ["NVIDIA_VISIBLE_DEVICES=void", f"TANGRAM_VISIBLE_DEVICES={visible}"]
             ),
-            "deviceNodes": [
-                _device_node(path, driver_root)
-                for path in (
-                    *CONTROL_DEVICE_NODES,
-                    *((allocation.imex.device_path,) if allocation.imex is not None else ()),
-                )
-            ],
+            "deviceNodes": [_device_node(path, driver_root) for path in CONTROL_DEVICE_NODES],
         },
     }
     if driver is not None:
         spec["containerEdits"].update(driver_edits(driver, driver_root=driver_root, hook_path=hook_path))
+    if allocation.imex is not None:
+        spec["containerEdits"]["deviceNodes"].append(_device_node(allocation.imex.device_path, driver_root))
     spec["cdiVersion"] = minimum_version(spec)
     return spec
 
