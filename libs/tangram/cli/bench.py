@@ -26,6 +26,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "a flood of claims from one namespace beside another's few: their latency alone and under it",
     ),
     "rebuild": ("tangram.bench.rebuild", "allocator cold restart: state rebuilt from the JetStream log"),
+    "gangs": (
+        "tangram.bench.gangs",
+        "multi-pod jobs on GB200 NVL racks and HGX nodes placed as whole groups vs pod-at-a-time first-fit",
+    ),
 }
 
 
