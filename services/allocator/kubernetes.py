@@ -44,6 +44,7 @@ from prometheus_client import Gauge
 from services.allocator.asking import MAX_IN_FLIGHT, FairAsker
 from services.allocator.claimwriter import ClaimWriter
 from services.allocator.clusterview import ClaimsSeen, ClusterView, Key, key_of, older, uid_of
+from services.allocator.domains import DomainWatch
 from services.allocator.gates import PodGates
 from services.allocator.preemptions import Preemptions
 from services.allocator.provisioning import Provisioning
@@ -126,6 +127,7 @@ class ClaimBridge:
         self._requester.gang = self._gang_of
         self._provisioning = Provisioning(api, request_timeout_s=request_timeout_s)
         self._nodes_seen: frozenset[str] = frozenset()
+        self._domains = DomainWatch(self._core, ledger, self._users, request_timeout_s=request_timeout_s)
         self._writer = ClaimWriter(
             self._view,
             self._requester,
@@ -277,8 +279,11 @@ class ClaimBridge:
         return self.pods.users_of(claim_ref(claim))
 
     def inventory_seen(self) -> None:
-        """A node's inventory was folded: once the fleet's nodes are others than before, the claims
-        no node could hold are asked again (a node cluster-autoscaler added may hold them)."""
+        """A node's inventory was folded: a trouble on a node of a running job's NVLink domain is
+        told on its pods; once the fleet's nodes are others than before, the claims no node could
+        hold are asked again (a node cluster-autoscaler added may hold them)."""
+        if self._ledger.domains:
+            self._domains.check()
         if not self._requester.counts()["unplaceable"]:
             return
         nodes = frozenset(self._ledger.fleet.node_names)
@@ -305,6 +310,7 @@ class ClaimBridge:
         ]
         tasks += [asyncio.create_task(self._follow(*follow, stop)) for follow in follows]
         tasks.append(asyncio.create_task(self._preemptions.follow_budgets(stop)))
+        tasks.append(asyncio.create_task(self._domains.run(stop)))
         for state in CLAIM_STATES:  # read when scraped, from the bridge that leads now
             CLAIMS.labels(state).set_function(functools.partial(self._claims_in, state))
         try:

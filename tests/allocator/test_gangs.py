@@ -288,3 +288,32 @@ def test_a_claim_cannot_ask_for_an_imex_channel_itself() -> None:
     [failed] = book.apply(request(1, spec))
     assert isinstance(failed, ClaimFailed) and failed.cause == "claim"
     assert "'ImexChannel' is not a gpu.tangram.dev parameter kind" in failed.reason
+
+
+def test_troubles_of_a_running_domains_nodes_are_named_node_by_node() -> None:
+    book = ledger()
+    for node in ("a1", "a2", "a3"):
+        book.apply(tray(node, "rack-a.1"), live=False)
+    outputs = [o for n in (1, 2) for o in book.apply(member(n, "one", 2, 4, nvlink=True))]
+    assert sorted(a.node for a in of(ClaimAllocated, outputs)) == ["a1", "a2"]
+    assert book.domain_troubles() == {}
+    # a GPU of a1 turns unhealthy (an XID); a2's fabric registration is lost
+    sick = tray("a1", "rack-a.1")
+    gpus = list(sick.hardware.gpus)
+    gpus[2] = msgspec.structs.replace(gpus[2], health="unhealthy", health_reason="XID 79")
+    book.apply(
+        msgspec.structs.replace(sick, hardware=msgspec.structs.replace(sick.hardware, gpus=gpus)), live=False
+    )
+    book.apply(tray("a2", None), live=False)
+    troubles = book.domain_troubles()
+    assert troubles[("team/one", "a1")] == f"GPU 2 ({gpus[2].uuid}) of node a1 is unhealthy: XID 79"
+    assert troubles[("team/one", "a2")] == "the GPUs of node a2 are no longer in the domain's NVLink clique"
+    # a degraded fabric, and a node gone from the fleet
+    book.apply(tray("a1", "rack-a.1", degraded=True), live=False)
+    book.fleet.remove_node("a2")
+    troubles = book.domain_troubles()
+    assert troubles == {
+        ("team/one", "a1"): "the NVLink fabric reports degraded bandwidth on node a1",
+        ("team/one", "a2"): "node a2 left the fleet",
+    }
+    assert book.domain_members("team/one") == sorted(request(n, {}).uid for n in (1, 2))

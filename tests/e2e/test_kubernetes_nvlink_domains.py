@@ -3,8 +3,8 @@
 Two simulated racks: rack a of three trays, rack b of two (each tray a node of 4 GPUs). A job of
 8 one-GPU pods asks for one NVLink domain: it lands in one clique (rack b, which it fills exactly,
 leaving rack a whole for a larger job), every pod gets the same IMEX channel through its CDI spec,
-the IMEX daemon runs on exactly the job's two nodes with a nodes config naming exactly those, and
-all of it is gone once the job's pods are deleted.
+the IMEX daemon runs on exactly the job's two nodes with a nodes config naming exactly those, a GPU
+failing on one of them is told on the job's pods, and all of it is gone once the pods are deleted.
 """
 
 from __future__ import annotations
@@ -15,12 +15,14 @@ from typing import Any
 
 import pytest
 
+from services.allocator.domains import DOMAIN_TROUBLE_REASON
 from tangram.dra.imex import imex_of
 from tangram.imex.domains import NODES_FILE
 from tangram.kubernetes.objects.gangs import GANG_LABEL, GANG_SIZE_ANNOTATION, NVLINK_DOMAIN_ANNOTATION
 from tangram.kubernetes.objects.names import SCHEDULING_GATE
 from tangram.local.controlplane import ControlPlane
 from tangram.local.processes import SimNode
+from tangram.nvml import SimNvml
 from tangram.nvml.sim.imexd import STATUS_FILE
 from tests.e2e.kubecluster import (
     Node,
@@ -104,6 +106,26 @@ async def test_an_nvl72_job_of_eight_pods_lands_in_one_clique_with_one_imex_chan
         if node.name not in rack_b:
             imex_root = first.cluster.imex_root(node.name)
             assert not imex_root.exists() or not list(imex_root.iterdir())
+
+    # a GPU of the first tray fails (a critical XID): the job's pods are told which node and why
+    failing = rack_b[0]
+    nvml = SimNvml.from_machine(
+        str(first.cluster.workdir / failing / "machine.yaml"), state_file=first.cluster.state_file(failing)
+    )
+    nvml.nvmlInit()
+    nvml.sim_inject_xid(1, 79)
+
+    async def told() -> str | None:
+        events = await first.core.list_namespaced_event(first.namespace)
+        for event in events.items:
+            if event.reason == DOMAIN_TROUBLE_REASON and event.involved_object.name in names:
+                return str(event.message)
+        return None
+
+    message = await until("the job's pods told of the failed GPU", told)
+    assert (
+        f"NVLink domain {channel.domain}: GPU 1 (" in message and f"of node {failing} is unhealthy" in message
+    )
 
     for pod_name in names:
         await first.core.delete_namespaced_pod(pod_name, first.namespace, grace_period_seconds=0)

@@ -53,6 +53,41 @@ def _degraded(fleet: FleetState, name: str) -> bool:
     return node is not None and any(gpu.fabric_degraded for gpu in node.hw.gpus)
 
 
+def domain_troubles(
+    fleet: FleetState, domains: Mapping[str, tuple[str, Sequence[str]]], members: Mapping[str, Iterable[str]]
+) -> dict[tuple[str, str], str]:
+    """(domain, node) -> what went wrong there, for the nodes of live NVLink domains (`domains`:
+    domain -> (clique, nodes); `members`: domain -> the claims holding it): the node left the fleet,
+    a GPU a claim of the domain holds there is unhealthy, the node's GPUs left the domain's clique
+    (a tray whose fabric registration was lost), or its NVLink bandwidth is degraded."""
+    troubles: dict[tuple[str, str], str] = {}
+    for domain, (clique, nodes) in sorted(domains.items()):
+        held_gpus: dict[str, set[int]] = {}
+        for uid in members.get(domain, ()):
+            allocation = fleet.allocation(uid)
+            if allocation is not None:
+                held_gpus.setdefault(allocation.node, set()).update(d.gpu_index for d in allocation.devices)
+        for name in nodes:
+            node = fleet.node(name)
+            if node is None:
+                troubles[(domain, name)] = f"node {name} left the fleet"
+                continue
+            sick = [
+                g for g in node.hw.gpus if g.index in held_gpus.get(name, set()) and g.health != "healthy"
+            ]
+            if sick:
+                gpu = sick[0]
+                why = f": {gpu.health_reason}" if gpu.health_reason else ""
+                troubles[(domain, name)] = f"GPU {gpu.index} ({gpu.uuid}) of node {name} is {gpu.health}{why}"
+            elif node_clique(fleet, name) != clique:
+                troubles[(domain, name)] = (
+                    f"the GPUs of node {name} are no longer in the domain's NVLink clique"
+                )
+            elif _degraded(fleet, name):
+                troubles[(domain, name)] = f"the NVLink fabric reports degraded bandwidth on node {name}"
+    return troubles
+
+
 def cliques_of(fleet: FleetState, *, fenced: Iterable[str] = ()) -> dict[str, list[str]]:
     """Fabric clique -> its nodes (less those fenced), for the nodes that are in one."""
     left_out = set(fenced)

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from tangram.allocation.fleet import FleetState
-from tangram.allocation.gangs import GangPlaced, node_clique, place_gang
+from tangram.allocation.gangs import GangPlaced, domain_troubles, node_clique, place_gang
 from tangram.allocation.model import (
     Allocated,
     Claim,
@@ -480,6 +480,18 @@ class Ledger(Reserving):
             decisions=tuple(msgspec.structs.replace(d, config=[*d.config, entry]) for d in placed.decisions),
             clique=placed.clique,
         )
+
+    def domain_troubles(self) -> dict[tuple[str, str], str]:
+        """(domain, node) -> what went wrong on that node of a live NVLink domain (`gangs`)."""
+        return domain_troubles(
+            self.fleet,
+            {domain: (c.clique, c.nodes) for domain, c in self.domains.items()},
+            self._domain_members,
+        )
+
+    def domain_members(self, domain: str) -> list[str]:
+        """The claims holding the domain, in a fixed order."""
+        return sorted(self._domain_members.get(domain, ()))
 
     def _join_domain(self, uid: str, config: list[dict[str, Any]]) -> None:
         try:

@@ -189,9 +189,10 @@ class Outcome:
                 "p99": round(percentile(waits, 0.99), 2) if waits else None,
                 "max": round(waits[-1], 2) if waits else None,
             },
+            # no samples (a run in Kubernetes does not follow the trays' use): None, never 0
             "clique_fragmentation": round(sum(d * s for d, s in self.fragmentation) / weight, 4)
             if weight
-            else 0.0,
+            else None,
             "decisions": self.decisions,
             "decide_ms_mean": round(self.decide_s * 1000 / self.decisions, 3) if self.decisions else None,
         }
@@ -412,14 +413,8 @@ def ratios(tangram: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Any]:
         "single_claims_started": ratio("single_claims_started"),
         "idle_gpu_hours_partly_placed": ratio("idle_gpu_hours_partly_placed"),
         "deadlocked_jobs": ratio("deadlocked_jobs"),
-        "job_minutes_to_all_running_p50": (
-            round(
-                tangram["job_minutes_to_all_running"]["p50"] / baseline["job_minutes_to_all_running"]["p50"],
-                3,
-            )
-            if baseline["job_minutes_to_all_running"]["p50"]
-            else None
-        ),
+        "job_minutes_to_all_running_p50": _quantile_ratio(tangram, baseline, "p50"),
+        "job_minutes_to_all_running_p99": _quantile_ratio(tangram, baseline, "p99"),
         "clique_fragmentation": ratio("clique_fragmentation"),
     }
 
