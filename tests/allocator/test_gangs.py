@@ -317,3 +317,62 @@ def test_troubles_of_a_running_domains_nodes_are_named_node_by_node() -> None:
         ("team/one", "a2"): "node a2 left the fleet",
     }
     assert book.domain_members("team/one") == sorted(request(n, {}).uid for n in (1, 2))
+
+
+def test_a_waiting_group_is_kept_room_that_later_claims_of_its_priority_leave_alone() -> None:
+    """Two racks of two trays; a claim holds a tray of each. A domain of two 4-GPU pods waits: the
+    rack that fills soonest is kept for it, a later claim goes to the other rack though both fit,
+    and once the kept rack's claim ends the group is placed there."""
+    book = ledger()
+    # the claims come while only a1 and b1 are in: one on each rack
+    for node, clique in (("a1", "rack-a.1"), ("b1", "rack-b.1")):
+        book.apply(tray(node, clique), live=False)
+    [on_a] = of(ClaimAllocated, book.apply(request(1, gpus(4))))
+    [on_b] = of(ClaimAllocated, book.apply(request(2, gpus(4))))
+    assert {on_a.node, on_b.node} == {"a1", "b1"}
+    for node, clique in (("a2", "rack-a.1"), ("b2", "rack-b.1")):
+        book.apply(tray(node, clique), live=False)
+    book.apply(member(11, "pair", 2, 4, nvlink=True))
+    failed = of(ClaimFailed, book.apply(member(12, "pair", 2, 4, nvlink=True)))
+    assert {f.cause for f in failed} == {"capacity"}
+    kept = failed[0].held_for_group
+    assert len(kept) == 2 and len({n[0] for n in kept}) == 1, kept  # both trays of one rack
+    assert all(f.held_for_group == kept for f in failed) and "are kept for it meanwhile" in failed[0].reason
+    holder = on_a if on_a.node in kept else on_b
+
+    # a later claim of the same priority fits on either rack's free tray: it gets the other rack's
+    [later] = of(ClaimAllocated, book.apply(request(3, gpus(2))))
+    assert later.node not in kept
+    # a claim of a higher priority may use the kept room
+    urgent = msgspec.structs.replace(request(4, gpus(1)), priority=100)
+    assert book._fenced_for(urgent).isdisjoint(kept) and not book._fenced_for(request(5, gpus(1))).isdisjoint(
+        kept
+    )
+
+    book.apply(ClaimReleased(key=holder.uid, namespace="team", name=holder.name, uid=holder.uid))
+    placed = of(ClaimAllocated, book.apply(member(11, "pair", 2, 4, nvlink=True, attempt=1)))
+    assert sorted(a.node for a in placed) == sorted(kept) and book.gang_holds == {}
+
+
+def test_only_the_first_waiting_group_is_kept_room_and_a_rebuild_keeps_the_same() -> None:
+    book = ledger()
+    log: list[Event] = [tray("a1", "rack-a.1"), tray("b1", "rack-b.1")]
+    for event in log:
+        book.apply(event, live=False)
+    for n in (1, 2):  # one on each rack, before the racks' second trays are in
+        asked = request(n, gpus(4))
+        log += [asked, *book.apply(asked)]
+    for event in (tray("a2", "rack-a.1"), tray("b2", "rack-b.1")):
+        log.append(event)
+        book.apply(event, live=False)
+    for group, numbers in (("first", (11, 12)), ("second", (21, 22))):
+        for n in numbers:
+            asked = member(n, group, 2, 4, nvlink=True)
+            log += [asked, *book.apply(asked)]
+    assert list(book.gang_holds) == [("team", "first")]
+    second = [e for e in log if isinstance(e, ClaimFailed) and e.name in ("claim-21", "claim-22")]
+    assert second and all(not f.held_for_group for f in second if f.cause == "capacity")
+    rebuilt = ledger()
+    for event in log:
+        rebuilt.apply(event, live=False)
+    assert rebuilt.snapshot()["gang_holds"] == book.snapshot()["gang_holds"] != {}

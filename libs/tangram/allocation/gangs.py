@@ -163,6 +163,54 @@ def place_gang(
     return _failed(group, names, first, failures, nvlink_domain=nvlink_domain)
 
 
+def nodes_to_hold(
+    fleet: FleetState,
+    claims: Sequence[Claim],
+    classes: Mapping[str, DeviceClass],
+    policy: Policy = "tangram",
+    *,
+    nvlink_domain: bool,
+    fenced: Iterable[str] = (),
+) -> list[str]:
+    """The nodes a waiting group is kept: where it would be placed were the claims there gone,
+    choosing the clique (for a domain) or the nodes with the most whole GPUs free now, so it fills
+    soonest; none when the group could never be held.
+
+    Without them a group waits for a moment when enough is free at once, and smaller claims asked
+    after it take every GPU freed before that moment comes."""
+    left_out = set(fenced)
+
+    def free_now(names: Iterable[str]) -> int:
+        return sum(sum(node.whole_free.values()) for n in names if (node := fleet.node(n)))
+
+    def placed_when_emptied(nodes: list[str]) -> list[str] | None:
+        emptied = fleet.trial_of(nodes, without=[uid for n in nodes for uid in fleet.holders(n)])
+        used: set[str] = set()
+        for claim in claims:
+            decision = emptied.allocate(claim, classes, policy)
+            if not isinstance(decision, Allocated):
+                return None
+            used.add(decision.node)
+        return sorted(used)
+
+    if nvlink_domain:
+        cliques = cliques_of(fleet, fenced=left_out)
+        for clique in sorted(cliques, key=lambda c: (-free_now(cliques[c]), c)):
+            found = placed_when_emptied(cliques[clique])
+            if found is not None:
+                return found
+        return []
+    ordered = sorted((n for n in fleet.node_names if n not in left_out), key=lambda n: (-free_now([n]), n))
+    size = 1
+    while True:
+        found = placed_when_emptied(ordered[:size])
+        if found is not None:
+            return found
+        if size >= len(ordered):
+            return []
+        size = min(size * 2, len(ordered))
+
+
 def _try(
     fleet: FleetState,
     nodes: list[str],

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from tangram.allocation.fleet import FleetState
-from tangram.allocation.gangs import GangPlaced, domain_troubles, node_clique, place_gang
+from tangram.allocation.gangs import GangPlaced, domain_troubles, node_clique, nodes_to_hold, place_gang
 from tangram.allocation.model import (
     Allocated,
     Claim,
@@ -26,7 +26,7 @@ from tangram.allocation.model import (
     Release,
     internal_failure,
 )
-from tangram.allocation.reserving import Reservation, Reserving
+from tangram.allocation.reserving import GangHold, Reservation, Reserving
 from tangram.allocation.spec import DeviceClass
 from tangram.dra.imex import ImexChannel, free_channel, imex_config, imex_of
 from tangram.dra.sharing import allocation_shares
@@ -93,6 +93,7 @@ class Ledger(Reserving):
     gangs: dict[tuple[str, str], dict[str, ClaimRequested]] = field(default_factory=dict)
     # "<namespace>/<group>" -> the IMEX channel of a group's NVLink domain, while a claim holds it
     domains: dict[str, ImexChannel] = field(default_factory=dict)
+    gang_holds: dict[tuple[str, str], GangHold] = field(default_factory=dict)  # waiting groups' cliques
     _domain_members: dict[str, set[str]] = field(default_factory=dict)  # domain -> claim uids
 
     def folded(self, stream: str, sequence: int) -> None:
@@ -114,6 +115,9 @@ class Ledger(Reserving):
             "held": fleet["claims"],
             "allocated": {name: node["allocated"] for name, node in fleet["nodes"].items()},
             "domains": {domain: c.model_dump(mode="json") for domain, c in sorted(self.domains.items())},
+            "gang_holds": {
+                f"{ns}/{group}": sorted(h.nodes) for (ns, group), h in sorted(self.gang_holds.items())
+            },
             "reservations": {
                 uid: {"node": r.node, "priority": r.priority, "victims": list(r.victims)}
                 for uid, r in sorted(self.reservations.items())
@@ -159,12 +163,15 @@ class Ledger(Reserving):
             case ClaimAllocated():
                 self._note_decided(event.uid, counted=True)
                 self.reservations.pop(event.uid, None)
+                self._drop_hold(event.uid)
                 self._adopt(event)
             case ClaimPreempting(uid=uid):
                 self.reservations[uid] = Reservation(
                     node=event.node, priority=event.priority, victims=tuple(v.uid for v in event.victims)
                 )
             case ClaimFailed(uid=uid):
+                if event.held_for_group:
+                    self._hold(uid, event.held_for_group)
                 if not event.reserved_node:
                     # a reservation given up when the claim was decided again is given up on replay too
                     self.reservations.pop(uid, None)
@@ -444,15 +451,38 @@ class Ledger(Reserving):
             placed = self._with_channel(domain, placed, open_requests[0].uid)
         outputs: list[Event] = []
         if isinstance(placed, GangPlaced):
+            self.gang_holds.pop((request.namespace, gang.group), None)
             for member, decision in zip(open_requests, placed.decisions, strict=True):
                 outputs += self._allocated(member, decision, adopt=True, classes=classes)
             return outputs
+        kept: list[str] = []
+        own = (request.namespace, gang.group)
+        first_in_line = not any(
+            key != own and hold.priority >= request.priority for key, hold in self.gang_holds.items()
+        )
+        # one group at a time is kept room for (the first to wait, per priority): room kept for every
+        # waiting group would fence most of the fleet, and nothing else could run meanwhile
+        if placed.cause == "capacity" and first_in_line:
+            kept = nodes_to_hold(
+                self.fleet,
+                [_claim_of(m) for m in open_requests],
+                classes,
+                self.policy,
+                nvlink_domain=gang.nvlink_domain,
+                fenced=fenced,
+            )
+            if kept:
+                self.gang_holds[(request.namespace, gang.group)] = GangHold(
+                    nodes=frozenset(kept), priority=request.priority
+                )
+        reason = placed.reason + (f"; nodes {', '.join(kept)} are kept for it meanwhile" if kept else "")
         for member in open_requests:
             self.decided[member.uid] = "failed"
             if placed.cause == "capacity":
                 # counted in the demand mix as a replay of the failure counts it
                 self.fleet.note_demand(_claim_of(member), classes)
-            outputs.append(self._gang_failure(member, request, placed.reason, placed.cause))
+            failure = self._gang_failure(member, request, reason, placed.cause)
+            outputs.append(msgspec.structs.replace(failure, held_for_group=kept))
         return outputs
 
     def _with_channel(self, domain: str, placed: GangPlaced, first: str) -> GangPlaced | Failed:
@@ -520,6 +550,21 @@ class Ledger(Reserving):
         for key, members in list(self.gangs.items()):
             if members.pop(uid, None) is not None and not members:
                 del self.gangs[key]
+                self.gang_holds.pop(key, None)
+
+    def _gang_of(self, uid: str) -> tuple[str, str] | None:
+        return next((key for key, members in self.gangs.items() if uid in members), None)
+
+    def _hold(self, uid: str, nodes: list[str]) -> None:
+        """A group's failure read from the log keeps its clique, as the live decision did."""
+        key = self._gang_of(uid)
+        if key is not None:
+            self.gang_holds[key] = GangHold(nodes=frozenset(nodes), priority=self.priorities.get(uid, 0))
+
+    def _drop_hold(self, uid: str) -> None:
+        key = self._gang_of(uid)
+        if key is not None:
+            self.gang_holds.pop(key, None)
 
     def _gang_failure(
         self, member: ClaimRequested, trigger: ClaimRequested, reason: str, cause: FailureCause

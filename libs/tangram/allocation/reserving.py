@@ -30,6 +30,16 @@ class Reservation:
     victims: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class GangHold:
+    """A waiting group's fabric clique: no claim of `priority` or lower but the group's own is
+    placed on these nodes until the group is placed, so the group fills the clique as claims there
+    end instead of being passed over for ever by smaller claims asked after it."""
+
+    nodes: frozenset[str]
+    priority: int
+
+
 class Reserving:
     """What the ledger's preemptions read and keep; `Ledger` holds each of these as a field."""
 
@@ -40,15 +50,21 @@ class Reserving:
     claims: dict[str, tuple[str, str]]  # uid -> (namespace, name)
     priorities: dict[str, int]  # uid -> the priority its last request carried
     reservations: dict[str, Reservation]  # preemptor uid -> its reservation
+    gang_holds: dict[tuple[str, str], GangHold]  # (namespace, group) -> the clique kept for it
 
     def _fenced_for(self, request: ClaimRequested) -> set[str]:
-        """Nodes reserved for another claim's preemption, which this claim may not take from it:
-        all of them for a claim of the same priority or lower."""
-        return {
+        """Nodes reserved for another claim's preemption or kept for another waiting group, which
+        this claim may not take from it: all of them for a claim of the same priority or lower."""
+        own = (request.namespace, request.gang.group) if request.gang is not None else None
+        fenced = {
             r.node
             for uid, r in self.reservations.items()
             if uid != request.uid and request.priority <= r.priority
         }
+        for key, hold in self.gang_holds.items():
+            if key != own and request.priority <= hold.priority:
+                fenced |= hold.nodes
+        return fenced
 
     def _preempt(
         self, request: ClaimRequested, claim: Claim, classes: Mapping[str, DeviceClass], failed: Failed

@@ -149,6 +149,9 @@ class ClaimFailed(Event, tag="claim.failed", frozen=True, kw_only=True):
     # the node reserved for this claim's preemption while it waits for the victims' devices;
     # empty when none is (never planned, or the reservation was given up)
     reserved_node: str = ""
+    # the nodes (one fabric clique) kept for this claim's group of pods while it waits: claims of
+    # its priority or lower asked after it are placed elsewhere; empty when none are kept
+    held_for_group: list[str] = []
 
 
 class PreemptionVictim(msgspec.Struct, frozen=True, kw_only=True):
