@@ -46,6 +46,7 @@ from services.allocator.claimwriter import ClaimWriter
 from services.allocator.clusterview import ClaimsSeen, ClusterView, Key, key_of, older, uid_of
 from services.allocator.domains import DomainWatch
 from services.allocator.gates import PodGates
+from services.allocator.podgroups import PodGroups
 from services.allocator.preemptions import Preemptions
 from services.allocator.provisioning import Provisioning
 from services.allocator.requester import ClaimRequester
@@ -62,8 +63,15 @@ from tangram.events import (
 )
 from tangram.kubernetes.api import KubeApiError, call_json
 from tangram.kubernetes.api.watching import list_then_watch
-from tangram.kubernetes.objects.claimbridge import ClaimRef, allocation_of, claim_ref, classify, is_tangrams
-from tangram.kubernetes.objects.gangs import gang_member
+from tangram.kubernetes.objects.claimbridge import (
+    ClaimRef,
+    allocation_of,
+    claim_ref,
+    classify,
+    is_tangrams,
+    pod_claims,
+)
+from tangram.kubernetes.objects.gangs import gang_member, pod_group_name
 from tangram.kubernetes.objects.pods import PodsByClaim
 from tangram.service import first
 
@@ -128,6 +136,9 @@ class ClaimBridge:
         self._provisioning = Provisioning(api, request_timeout_s=request_timeout_s)
         self._nodes_seen: frozenset[str] = frozenset()
         self._domains = DomainWatch(self._core, ledger, self._users, request_timeout_s=request_timeout_s)
+        self._pod_groups = PodGroups(
+            api, self._pod_group_changed, request_timeout_s=request_timeout_s, watch_timeout_s=watch_timeout_s
+        )
         self._writer = ClaimWriter(
             self._view,
             self._requester,
@@ -180,7 +191,20 @@ class ClaimBridge:
             self._gates.pods.users_of(claim_ref(claim)),
             lambda name: self._view.claims.get((namespace, name)),
             lambda other: is_tangrams(other, self._view.classes),
+            lambda name: self._pod_groups.get(namespace, name),
         )
+
+    def _pod_group_changed(self, key: tuple[str, str]) -> None:
+        """A PodGroup appeared or changed: the claims of its gated pods are asked again, now that
+        the group's size is known (or changed)."""
+        namespace, name = key
+        for pod in list(self._gates.pods.by_key.values()):
+            if (pod.get("metadata") or {}).get("namespace") != namespace or pod_group_name(pod) != name:
+                continue
+            for claim_name in pod_claims(pod) or []:
+                claim = self._view.claims.get((namespace, claim_name))
+                if claim is not None and classify(claim, self._view.classes) == "tangram":
+                    self._requester.ask_again(claim)
 
     # --- the allocator's decisions --------------------------------------------------------------
 
@@ -311,6 +335,7 @@ class ClaimBridge:
         tasks += [asyncio.create_task(self._follow(*follow, stop)) for follow in follows]
         tasks.append(asyncio.create_task(self._preemptions.follow_budgets(stop)))
         tasks.append(asyncio.create_task(self._domains.run(stop)))
+        tasks.append(asyncio.create_task(self._pod_groups.follow(stop)))
         for state in CLAIM_STATES:  # read when scraped, from the bridge that leads now
             CLAIMS.labels(state).set_function(functools.partial(self._claims_in, state))
         try:

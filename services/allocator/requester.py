@@ -135,6 +135,17 @@ class ClaimRequester:
         self.enqueue(claim, attempt)
         return None
 
+    def ask_again(self, claim: dict[str, Any]) -> None:
+        """Ask for a claim not allocated again, with a later attempt: what it is asked with changed
+        (its group of pods became known)."""
+        uid = uid_of(claim)
+        if self._ledger.decided.get(uid) == "allocated" or uid in self._ledger.released:
+            return
+        if uid not in self._requested and uid not in self._ledger.decided:
+            return  # never asked yet: it is asked, with what is known then, when its pod waits
+        attempt = max(self._ledger.attempts.get(uid, 0), self._requested.get(uid, 0)) + 1
+        self.enqueue(claim, attempt)
+
     def release(self, ref: ClaimRef) -> ClaimReleased | None:
         """The release to publish for a claim the ledger knows, once; None when there is none."""
         if ref.uid in self._released or ref.uid in self._ledger.released:

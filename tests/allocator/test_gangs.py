@@ -376,3 +376,21 @@ def test_only_the_first_waiting_group_is_kept_room_and_a_rebuild_keeps_the_same(
     for event in log:
         rebuilt.apply(event, live=False)
     assert rebuilt.snapshot()["gang_holds"] == book.snapshot()["gang_holds"] != {}
+
+
+def test_a_member_whose_group_size_is_not_known_yet_waits_holding_nothing() -> None:
+    """A pod names a PodGroup the allocator has not seen: its claim waits, and is decided with the
+    group once asked again with the size known."""
+    book = ledger()
+    book.apply(inventory("l40s-8", "n1"), live=False)
+    unknown = msgspec.structs.replace(request(1, gpus(1)), gang=GangMember(group="trainer", size=0, pod="p1"))
+    [waiting] = book.apply(unknown)
+    assert isinstance(waiting, ClaimFailed) and waiting.cause == "gang"
+    assert (
+        waiting.reason
+        == "group trainer: its PodGroup is not known yet; the claim waits for it, holding nothing"
+    )
+    assert held(book) == {}
+    known = msgspec.structs.replace(unknown, gang=GangMember(group="trainer", size=1, pod="p1"), attempt=1)
+    [allocated] = of(ClaimAllocated, book.apply(known))
+    assert allocated.name == "claim-1"

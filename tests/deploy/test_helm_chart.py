@@ -631,6 +631,9 @@ CALLS = {
         "delete_namespaced_pod_template": ("", "podtemplates", "delete"),
         "create_namespaced_custom_object": ("autoscaling.x-k8s.io", "provisioningrequests", "create"),
         "delete_namespaced_custom_object": ("autoscaling.x-k8s.io", "provisioningrequests", "delete"),
+        # the Workload API's PodGroups, where served: which pods are placed together
+        "list_cluster_custom_object": ("scheduling.k8s.io", "podgroups", "list"),
+        "watch:list_cluster_custom_object": ("scheduling.k8s.io", "podgroups", "watch"),
         # its Lease (tangram-allocator, in its namespace): the allocator is alive
         "create_namespaced_lease": ("coordination.k8s.io", "leases", "create"),
         "read_namespaced_lease": ("coordination.k8s.io", "leases", "get"),

@@ -121,7 +121,8 @@ def test_allocator_rbac_is_what_deciding_claims_needs() -> None:
     # The leader allocator decides the cluster's claims of Tangram's classes: it watches claims,
     # classes and pods, writes allocations, removes its gate from pods and records Events; to
     # preempt, it reads PodDisruptionBudgets and evicts pods through the Eviction API (which
-    # honours them); for a pod no node could hold, it asks cluster-autoscaler for a node (a
+    # honours them); it reads the Workload API's PodGroups (which pods are placed together); for a
+    # pod no node could hold, it asks cluster-autoscaler for a node (a
     # ProvisioningRequest and its PodTemplate, deleted once the claim is allocated). It reads no
     # Secret, and creates and deletes nothing else.
     grants = _grants(_by_kind("ClusterRole", "tangram-allocator"))
@@ -139,6 +140,8 @@ def test_allocator_rbac_is_what_deciding_claims_needs() -> None:
         ("", "pods/eviction", "create"),
         ("policy", "poddisruptionbudgets", "list"),
         ("policy", "poddisruptionbudgets", "watch"),
+        ("scheduling.k8s.io", "podgroups", "list"),
+        ("scheduling.k8s.io", "podgroups", "watch"),
         ("", "podtemplates", "create"),
         ("", "podtemplates", "delete"),
         ("autoscaling.x-k8s.io", "provisioningrequests", "create"),

@@ -12,10 +12,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from kubernetes_asyncio.client import CustomObjectsApi
 
 from tangram.kubernetes.objects.gangs import GANG_LABEL, GANG_SIZE_ANNOTATION
 from tangram.kubernetes.objects.names import SCHEDULING_GATE
-from tangram.local.controlplane import ControlPlane
+from tangram.local.controlplane import NEWEST, ControlPlane
 from tests.e2e.kubecluster import Node, claim_of, gpus_template, pod, started_node, until, wait_for_pod, why
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.controlplane]
@@ -158,3 +159,36 @@ async def test_kube_scheduler_alone_places_two_groups_pod_by_pod_and_both_wait_f
             assert (await node.core.read_namespaced_pod(name, node.namespace)).status.phase == "Running"
         # gone before this node goes: a pending pod left behind would be bound to the next test's node
         await gone(node, ["a-1", "b-1", "a-0", "b-0"])
+
+
+@pytest.mark.parametrize("release", [NEWEST], ids=[NEWEST.minor], indirect=True)
+async def test_a_pod_group_of_the_workload_api_is_placed_whole(node: Node) -> None:
+    """Kubernetes 1.37 with GenericWorkload: pods name a PodGroup (gang scheduling, minCount 3) in
+    their spec.schedulingGroup, and no label. Two of them wait for the third holding nothing; with
+    the third, the three run together."""
+    ns = node.namespace
+    group = {
+        "apiVersion": "scheduling.k8s.io/v1beta1",
+        "kind": "PodGroup",
+        "metadata": {"name": "trainer", "namespace": ns},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": 3}}},
+    }
+    await CustomObjectsApi(node.api).create_namespaced_custom_object(
+        "scheduling.k8s.io", "v1beta1", ns, "podgroups", group
+    )
+    names = [f"wl-{i}" for i in range(3)]
+
+    async def create(name: str) -> None:
+        await node.resource.create_namespaced_resource_claim_template(ns, gpus_template(name, ns, 2))
+        manifest = pod(name, ns, None, {"gpus": {"resourceClaimTemplateName": name}}, gates=[SCHEDULING_GATE])
+        manifest["spec"]["schedulingGroup"] = {"podGroupName": "trainer"}
+        await node.core.create_namespaced_pod(ns, manifest)
+
+    for name in names[:2]:
+        await create(name)
+    message = await said(node, names[1], "TangramUnschedulable", "2 of its 3 pods")
+    assert "group trainer: 2 of its 3 pods have all their claims asked" in message
+    assert not await allocated(node, names[0]) and not await allocated(node, names[1])
+    await create(names[2])
+    placed = [await devices(node, name) for name in names]
+    assert all(len(d) == 2 for d in placed) and len(set().union(*placed)) == 6

@@ -55,8 +55,14 @@ def test_each_release_says_what_its_dra_features_need() -> None:
     assert OLDEST.gates() == {"DRAPartitionableDevices": True, "DRADeviceTaints": True}
     assert OLDEST.runtime_config(OLDEST.gates()) == "resource.k8s.io/v1alpha3=true"
     # 1.37: on by default; partitionable devices can still be turned off
-    assert NEWEST.gates(partitionable=False) == {"DRAPartitionableDevices": False, "DRADeviceTaints": True}
-    assert NEWEST.runtime_config(NEWEST.gates()) == ""
+    assert NEWEST.gates(partitionable=False) == {
+        "DRAPartitionableDevices": False,
+        "DRADeviceTaints": True,
+        "GenericWorkload": True,
+    }
+    # 1.37: DeviceTaintRule served by default; the Workload API's PodGroups turned on
+    assert NEWEST.gates()["GenericWorkload"] is True and "GenericWorkload" not in OLDEST.gates()
+    assert NEWEST.runtime_config(NEWEST.gates()) == "scheduling.k8s.io/v1beta1=true"
 
 
 def test_a_missing_binary_says_how_to_build_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

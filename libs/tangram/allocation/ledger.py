@@ -399,6 +399,12 @@ class Ledger(Reserving):
         if gang.problem:
             self.decided[request.uid] = "failed"
             return [self._gang_failure(request, request, f"invalid group of pods: {gang.problem}", "claim")]
+        if gang.size <= 0:
+            self.decided[request.uid] = "failed"
+            reason = (
+                f"group {gang.group}: its PodGroup is not known yet; the claim waits for it, holding nothing"
+            )
+            return [self._gang_failure(request, request, reason, "gang")]
         members = self._gang_members(request.namespace, gang.group)
         pods: dict[str, set[str]] = {}
         wanted: dict[str, int] = {}

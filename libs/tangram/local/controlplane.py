@@ -55,6 +55,9 @@ class Release:
     version: str  # "v1.37.2"
     modfile: str
     dra_alpha: bool  # partitionable devices and device taints are alpha (1.34) rather than on by default
+    # the Workload API (scheduling.k8s.io PodGroups, pods' spec.schedulingGroup): beta and off by
+    # default in 1.37 (GenericWorkload), turned on here so that groups of pods can be named by it
+    workload_api: bool = False
 
     @property
     def minor(self) -> str:
@@ -68,18 +71,28 @@ class Release:
         return layout_for_server(*self.minor.split("."))
 
     def gates(self, *, partitionable: bool = True) -> dict[str, bool]:
-        """Counter sets and devices consuming them (MIG placements) on or off; device taints on."""
-        return {"DRAPartitionableDevices": partitionable, "DRADeviceTaints": True}
+        """Counter sets and devices consuming them (MIG placements) on or off; device taints on; the
+        Workload API on where the release has it."""
+        gates = {"DRAPartitionableDevices": partitionable, "DRADeviceTaints": True}
+        if self.workload_api:
+            gates["GenericWorkload"] = True
+        return gates
 
     def runtime_config(self, gates: Mapping[str, bool]) -> str:
         """The API versions the gated features are served at. On 1.34 with device taints on,
         kube-scheduler and the controller manager watch DeviceTaintRules, served only at
         resource.k8s.io/v1alpha3: without it their caches never sync and no pod is ever scheduled.
-        From 1.36 DeviceTaintRule is served by default."""
-        return "resource.k8s.io/v1alpha3=true" if self.dra_alpha and gates.get("DRADeviceTaints") else ""
+        From 1.36 DeviceTaintRule is served by default. PodGroups are served at
+        scheduling.k8s.io/v1beta1 in 1.37, not by default."""
+        served = []
+        if self.dra_alpha and gates.get("DRADeviceTaints"):
+            served.append("resource.k8s.io/v1alpha3=true")
+        if gates.get("GenericWorkload"):
+            served.append("scheduling.k8s.io/v1beta1=true")
+        return ",".join(served)
 
 
-NEWEST = Release("v1.37.2", "go.mod", dra_alpha=False)
+NEWEST = Release("v1.37.2", "go.mod", dra_alpha=False, workload_api=True)
 OLDEST = Release("v1.34.4", "k8s-v1.34.4.mod", dra_alpha=True)
 RELEASES: tuple[Release, ...] = (OLDEST, NEWEST)
 

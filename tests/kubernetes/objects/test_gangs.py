@@ -65,3 +65,28 @@ def test_a_wrong_size_or_domain_is_a_problem_that_names_what_to_fix() -> None:
     wrong = a_pod("p", group="g", **{NVLINK_DOMAIN_ANNOTATION: "yes"})
     found = gang_member([wrong], lambda name: TANGRAM, is_tangrams)
     assert found is not None and f"annotation {NVLINK_DOMAIN_ANNOTATION} must be" in found.problem
+
+
+def with_pod_group(name: str, group: str) -> dict[str, Any]:
+    pod = a_pod(name, group=None)
+    pod["spec"]["schedulingGroup"] = {"podGroupName": group}
+    return pod
+
+
+def pod_group(policy: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"name": "trainer", "namespace": "ns"}, "spec": {"schedulingPolicy": policy}}
+
+
+def test_a_pod_group_of_the_workload_api_names_the_group_and_its_size() -> None:
+    groups = {"trainer": pod_group({"gang": {"minCount": 6}})}
+    found = gang_member([with_pod_group("p", "trainer")], lambda name: TANGRAM, is_tangrams, groups.get)
+    assert found == GangMember(group="trainer", size=6, pod="p", pod_claims=1)
+    # the PodGroup not seen yet: the group's size is unknown (0), and its claims wait for it
+    unknown = gang_member([with_pod_group("p", "trainer")], lambda name: TANGRAM, is_tangrams)
+    assert unknown is not None and unknown.size == 0 and not unknown.problem
+    # a basic policy places the pods one by one: no group (the label, if any, decides)
+    basic = {"trainer": pod_group({"basic": {}})}
+    assert gang_member([with_pod_group("p", "trainer")], lambda name: TANGRAM, is_tangrams, basic.get) is None
+    too_big = {"trainer": pod_group({"gang": {"minCount": 5000}})}
+    found = gang_member([with_pod_group("p", "trainer")], lambda name: TANGRAM, is_tangrams, too_big.get)
+    assert found is not None and "asks for gang scheduling of 5000 pods" in found.problem
