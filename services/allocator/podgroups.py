@@ -7,6 +7,7 @@ serves none, nothing is followed and groups are named by Tangram's label alone."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from typing import Any
 from kubernetes_asyncio.client import CustomObjectsApi
 
 from tangram.kubernetes.api import KubeApiError, call_json
+from tangram.kubernetes.api.client import WATCH_ERRORS, relist_delay
 from tangram.kubernetes.api.watching import list_then_watch
 
 log = logging.getLogger("tangram.allocator.kubernetes")
@@ -43,7 +45,7 @@ class PodGroups:
         return self._by_key.get((namespace, name))
 
     async def follow(self, stop: asyncio.Event) -> None:
-        self.version = await self._served()
+        self.version = await self._served(stop)
         if self.version is None:
             log.info("the API server serves no PodGroups: groups of pods are named by label alone")
             return
@@ -58,15 +60,30 @@ class PodGroups:
             request_timeout_s=self._timeout,
         )
 
-    async def _served(self) -> str | None:
-        for version in VERSIONS:
+    async def _served(self, stop: asyncio.Event) -> str | None:
+        """The version the API server serves PodGroups at; None when it serves none (or when
+        stopped first). An API server that cannot be reached is asked again: it may be restarting."""
+        failures = 0
+        while not stop.is_set():
             try:
-                await self._list_version(version)
-            except KubeApiError as error:
-                if error.not_found:
-                    continue
-                raise
-            return version
+                for version in VERSIONS:
+                    try:
+                        await self._list_version(version)
+                    except KubeApiError as error:
+                        if error.not_found:
+                            continue
+                        raise
+                    return version
+                return None
+            except WATCH_ERRORS as error:
+                failures += 1
+                delay = relist_delay(failures)
+                log.warning(
+                    "cannot tell whether PodGroups are served; asking again",
+                    extra={"error": f"{type(error).__name__}: {error}", "retry_in_s": delay},
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
         return None
 
     async def _list(self) -> str:
