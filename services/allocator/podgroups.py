@@ -47,7 +47,10 @@ class PodGroups:
     async def follow(self, stop: asyncio.Event) -> None:
         self.version = await self._served(stop)
         if self.version is None:
-            log.info("the API server serves no PodGroups: groups of pods are named by label alone")
+            if not stop.is_set():
+                log.info("the API server serves no PodGroups: groups of pods are named by label alone")
+            # the bridge's tasks run until it stops: one that ended would wake its wait for ever
+            await stop.wait()
             return
         watch = functools.partial(self._custom.list_cluster_custom_object, GROUP, self.version, PLURAL)
         await list_then_watch(
