@@ -19,6 +19,7 @@ import yaml
 
 from tangram.cdi.simroot import lay_out_driver_root
 from tangram.hardware.machines import MachineSpec, load_machine, rack_tray
+from tangram.imex.domains import PID_FILE as IMEX_PID_FILE
 from tangram.local.natsserver import NatsCluster, NatsServer
 from tangram.natsauth.credentials import write_secret
 from tangram.natsauth.permissions import ADMIN_USER, ALLOCATOR_USER, build_users, node_user, render_users
@@ -326,18 +327,22 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 service.process.kill()
                 codes[service.name] = service.process.wait()
-        self._stop_mps_daemons()
+        self._stop_node_daemons()
         if self.nats is not None:
             self.nats.stop()
         if self.nats_cluster is not None:
             self.nats_cluster.stop()
         return codes
 
-    def _stop_mps_daemons(self) -> None:
-        """MPS control daemons outlive the cdi service on purpose (a restarted node adopts them);
-        the simulated node they ran for is gone with the cluster, so they go too."""
+    def _stop_node_daemons(self) -> None:
+        """MPS control daemons and IMEX daemons outlive the cdi service on purpose (a restarted node
+        adopts them); the simulated node they ran for is gone with the cluster, so they go too."""
         for node in self.nodes:
-            for pid_file in sorted(self.mps_root(node.name).glob(f"*/pipe/{MPS_PID_FILE}")):
+            pid_files = [
+                *self.mps_root(node.name).glob(f"*/pipe/{MPS_PID_FILE}"),
+                *self.imex_root(node.name).glob(f"*/{IMEX_PID_FILE}"),
+            ]
+            for pid_file in sorted(pid_files):
                 with contextlib.suppress(OSError, ValueError):
                     os.kill(int(pid_file.read_text().split()[0]), signal.SIGTERM)
 
