@@ -188,6 +188,7 @@ class KubeChaosRun:
 
     async def fault_loop(self, api: Any) -> None:
         order = kube_fault_order(self.rng)
+        postponed: KubeFaultKind | None = None
         while not self.ending.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
@@ -195,9 +196,14 @@ class KubeChaosRun:
                 )
             if self.ending.is_set():
                 break
-            kind = next(order)
+            # a fault that could not be made (no allocator leads while the lease changes hands) is
+            # tried again at the next tick, so that a short run still makes every kind
+            kind = postponed if postponed is not None else next(order)
+            postponed = None
             if await self._inject(api, kind):
                 self.faults[kind] += 1
+            else:
+                postponed = kind
 
     async def _inject(self, api: Any, kind: KubeFaultKind) -> bool:
         if kind in ("kill-leader-allocator", "kill-standby-allocator"):
