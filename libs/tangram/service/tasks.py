@@ -11,12 +11,17 @@ from tangram.events import Event
 
 
 async def first(awaitable: Awaitable[object], tasks: Sequence[asyncio.Task[None]]) -> None:
-    """Wait for `awaitable`, unless a background task fails first: then that failure is raised."""
+    """Wait for `awaitable`, unless a background task fails first: then that failure is raised.
+
+    When both are done at one wake-up (a stop that closes a client under a task still reading),
+    the awaitable came first: a service told to stop is not failed by what stopping broke."""
     waiter: asyncio.Future[object] = asyncio.ensure_future(awaitable)
     try:
         while not waiter.done():
             pending: list[asyncio.Future[Any]] = [waiter, *tasks]
             await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            if waiter.done():
+                break
             for task in tasks:
                 failure = task.exception() if task.done() and not task.cancelled() else None
                 if failure is not None:
