@@ -188,7 +188,7 @@ class KubeChaosRun:
 
     async def fault_loop(self, api: Any) -> None:
         order = kube_fault_order(self.rng)
-        postponed: KubeFaultKind | None = None
+        owed: list[KubeFaultKind] = []  # kinds that could not be made when their turn came
         while not self.ending.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
@@ -197,13 +197,16 @@ class KubeChaosRun:
             if self.ending.is_set():
                 break
             # a fault that could not be made (no allocator leads while the lease changes hands) is
-            # tried again at the next tick, so that a short run still makes every kind
-            kind = postponed if postponed is not None else next(order)
-            postponed = None
+            # owed and tried first at each later tick, while the other kinds go on in their order,
+            # so that a short run still makes every kind
+            if owed and await self._inject(api, owed[0]):
+                self.faults[owed.pop(0)] += 1
+                continue
+            kind = next(order)
             if await self._inject(api, kind):
                 self.faults[kind] += 1
-            else:
-                postponed = kind
+            elif kind not in owed:
+                owed.append(kind)
 
     async def _inject(self, api: Any, kind: KubeFaultKind) -> bool:
         if kind in ("kill-leader-allocator", "kill-standby-allocator"):
