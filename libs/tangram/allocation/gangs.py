@@ -152,7 +152,7 @@ def place_gang(
             continue
         trial, decisions = outcome
         used = {d.node for d in decisions}
-        left_free = sum(sum(node.whole_free.values()) for node in (trial.node(n) for n in nodes) if node)
+        left_free = _whole_free(trial, nodes)
         degraded = any(_degraded(fleet, n) for n in nodes)
         rank = (int(degraded), len(used), left_free, clique)
         if best is None or rank < best[0]:
@@ -180,27 +180,22 @@ def nodes_to_hold(
     after it take every GPU freed before that moment comes."""
     left_out = set(fenced)
 
-    def free_now(names: Iterable[str]) -> int:
-        return sum(sum(node.whole_free.values()) for n in names if (node := fleet.node(n)))
-
     def placed_when_emptied(nodes: list[str]) -> list[str] | None:
-        emptied = fleet.trial_of(nodes, without=[uid for n in nodes for uid in fleet.holders(n)])
-        used: set[str] = set()
-        for claim in claims:
-            decision = emptied.allocate(claim, classes, policy)
-            if not isinstance(decision, Allocated):
-                return None
-            used.add(decision.node)
-        return sorted(used)
+        outcome = _try(
+            fleet, nodes, claims, classes, policy, without=[u for n in nodes for u in fleet.holders(n)]
+        )
+        return None if isinstance(outcome, Failed) else sorted({d.node for d in outcome[1]})
 
     if nvlink_domain:
         cliques = cliques_of(fleet, fenced=left_out)
-        for clique in sorted(cliques, key=lambda c: (-free_now(cliques[c]), c)):
+        for clique in sorted(cliques, key=lambda c: (-_whole_free(fleet, cliques[c]), c)):
             found = placed_when_emptied(cliques[clique])
             if found is not None:
                 return found
         return []
-    ordered = sorted((n for n in fleet.node_names if n not in left_out), key=lambda n: (-free_now([n]), n))
+    ordered = sorted(
+        (n for n in fleet.node_names if n not in left_out), key=lambda n: (-_whole_free(fleet, [n]), n)
+    )
     size = 1
     while True:
         found = placed_when_emptied(ordered[:size])
@@ -211,14 +206,22 @@ def nodes_to_hold(
         size = min(size * 2, len(ordered))
 
 
+def _whole_free(fleet: FleetState, names: Iterable[str]) -> int:
+    """Whole GPUs free on these nodes of the fleet."""
+    return sum(sum(node.whole_free.values()) for name in names if (node := fleet.node(name)))
+
+
 def _try(
     fleet: FleetState,
     nodes: list[str],
     claims: Sequence[Claim],
     classes: Mapping[str, DeviceClass],
     policy: Policy,
+    *,
+    without: Iterable[str] = (),
 ) -> tuple[FleetState, tuple[Allocated, ...]] | Failed:
-    trial = fleet.trial_of(nodes)
+    """Every claim decided in a trial of `nodes` (less the claims `without`), or the first failure."""
+    trial = fleet.trial_of(nodes, without=without)
     decisions: list[Allocated] = []
     for claim in claims:
         decision = trial.allocate(claim, classes, policy)
