@@ -77,6 +77,7 @@ class KubeChaosRun:
         self.begun = 0
         self.creates_refused = 0  # pod creates the API server refused because admission was down
         self.ending = asyncio.Event()
+        self.every_kind_made = asyncio.Event()
         self.hook: admission.LocalWebhook | None = None
         self.webhook: admission.WebhookProcess | None = None
         self._sequence = 0
@@ -201,12 +202,14 @@ class KubeChaosRun:
             # so that a short run still makes every kind
             if owed and await self._inject(api, owed[0]):
                 self.faults[owed.pop(0)] += 1
-                continue
-            kind = next(order)
-            if await self._inject(api, kind):
-                self.faults[kind] += 1
-            elif kind not in owed:
-                owed.append(kind)
+            else:
+                kind = next(order)
+                if await self._inject(api, kind):
+                    self.faults[kind] += 1
+                elif kind not in owed:
+                    owed.append(kind)
+            if all(self.faults[k] >= 1 for k in KUBE_FAULT_KINDS):
+                self.every_kind_made.set()
 
     async def _inject(self, api: Any, kind: KubeFaultKind) -> bool:
         if kind in ("kill-leader-allocator", "kill-standby-allocator"):
@@ -518,8 +521,16 @@ class KubeChaosRun:
             workers = [asyncio.create_task(self.worker(api)) for _ in range(self.config.concurrency)]
             faults = asyncio.create_task(self.fault_loop(api))
             deadline = started + self.config.duration_limit_s
-            while not all(w.done() for w in workers) and time.monotonic() < deadline:
-                await asyncio.wait(workers, timeout=1.0)
+            # the faults go on past the last pod until each kind has been made once: under load a
+            # restart of the API server takes long enough that a short run's pods end first
+            while time.monotonic() < deadline and not (
+                all(w.done() for w in workers) and self.every_kind_made.is_set()
+            ):
+                if pending := [w for w in workers if not w.done()]:
+                    await asyncio.wait(pending, timeout=1.0)
+                else:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.every_kind_made.wait(), 1.0)
             self.ending.set()
             await faults
             await asyncio.gather(*workers, *list(self._side))
