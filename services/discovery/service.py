@@ -7,6 +7,7 @@ import contextlib
 import logging
 from collections.abc import Mapping
 
+import msgspec
 from prometheus_client import Counter, Gauge
 
 from services.discovery.health import XidWatcher, is_critical
@@ -51,6 +52,10 @@ class InventoryPublisher:
         hardware = await asyncio.to_thread(
             read_node_hardware, self._nvml, self._node, health=dict(self.health), minors=self._minors
         )
+        if self._slices is not None:
+            hardware = msgspec.structs.replace(
+                hardware, network_block=await self._slices.topology.network_block()
+            )
         if hardware == self._last:
             return False
         self._generation += 1

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
+from services.discovery.topology import LABEL_KEY, NETWORK_BLOCK_LABEL
 from tangram import DRIVER_NAME
 from tangram.kubernetes.objects import K8S_VERSIONS, K8sVersion
 from tangram.service import NodeSettings, add_service_arguments, env_flag, service_fields
@@ -26,6 +27,8 @@ class DiscoverySettings(NodeSettings):
     driver: str = Field(default=DRIVER_NAME, min_length=1, max_length=63)
     # Slices unsynced this long make the service not ready: the cluster's view of the node is stale.
     slice_stale_s: float = Field(default=120.0, gt=0)
+    # the Node label naming the network block the node sits under (read with --kubernetes)
+    network_block_label: str = Field(default=NETWORK_BLOCK_LABEL, pattern=LABEL_KEY.pattern, max_length=317)
 
     @model_validator(mode="after")
     def _one_backend(self) -> DiscoverySettings:
@@ -63,6 +66,11 @@ def parse_settings(argv: list[str] | None = None) -> DiscoverySettings:
         default=float(env("TANGRAM_SLICE_STALE_SECONDS", "120")),
         help="not ready once ResourceSlices could not be synced for this long (seconds)",
     )
+    parser.add_argument(
+        "--network-block-label",
+        default=env("TANGRAM_NETWORK_BLOCK_LABEL", NETWORK_BLOCK_LABEL),
+        help="Node label naming the node's network block, for placing groups of pods under one",
+    )
     args = parser.parse_args(argv)
     return DiscoverySettings(
         **service_fields(args),  # type: ignore[arg-type]
@@ -76,4 +84,5 @@ def parse_settings(argv: list[str] | None = None) -> DiscoverySettings:
         k8s_version=args.k8s_version,
         driver=args.driver,
         slice_stale_s=args.slice_stale,
+        network_block_label=args.network_block_label,
     )

@@ -17,6 +17,7 @@ from typing import Any
 from prometheus_client import Counter
 
 from services.discovery.settings import DiscoverySettings
+from services.discovery.topology import NodeTopology
 from tangram.events import NodeHardware
 from tangram.kubernetes.api import KubeApiError, SlicePublisher, SyncReport, connect
 from tangram.kubernetes.api.layout import (
@@ -41,6 +42,7 @@ class SliceSync:
         self._publisher = publisher
         self._settings = settings
         self._api = api
+        self.topology = NodeTopology(api, node=settings.node_name, label=settings.network_block_label)
         self._layout = overridden(settings.k8s_version) if settings.k8s_version is not None else None
         if self._layout is not None:
             announce(self._layout, settings.node_name)

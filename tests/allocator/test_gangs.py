@@ -394,3 +394,50 @@ def test_a_member_whose_group_size_is_not_known_yet_waits_holding_nothing() -> N
     known = msgspec.structs.replace(unknown, gang=GangMember(group="trainer", size=1, pod="p1"), attempt=1)
     [allocated] = of(ClaimAllocated, book.apply(known))
     assert allocated.name == "claim-1"
+
+
+def in_block(node: str, block: str, machine: str = "l40s-8") -> NodeInventory:
+    """A node whose Node carries the network block label `block`."""
+    hw = msgspec.structs.replace(renamed_machine(hardware(machine, "template"), node), network_block=block)
+    return NodeInventory(key=subject_token(node), hardware=hw)
+
+
+def test_a_group_spread_over_nodes_is_kept_under_one_network_block_where_one_holds_it() -> None:
+    """n1 and n2 are alike and first by name; n3, another machine, is in n1's block: the group
+    takes the two nodes of block x."""
+    book = ledger()
+    for node, block, machine in (("n1", "x", "l40s-8"), ("n2", "y", "l40s-8"), ("n3", "x", "dgx-h100")):
+        book.apply(in_block(node, block, machine), live=False)
+    book.apply(member(1, "train", 2, 8))
+    placed = of(ClaimAllocated, book.apply(member(2, "train", 2, 8)))
+    assert sorted(a.node for a in placed) == ["n1", "n3"]
+
+
+def test_a_group_no_one_network_block_holds_is_placed_across_blocks() -> None:
+    book = ledger()
+    for node, block in (("n1", "x"), ("n2", "y")):
+        book.apply(in_block(node, block), live=False)
+    book.apply(member(1, "train", 2, 8))
+    placed = of(ClaimAllocated, book.apply(member(2, "train", 2, 8)))
+    assert sorted(a.node for a in placed) == ["n1", "n2"]
+
+
+def test_a_waiting_group_is_kept_room_under_one_network_block() -> None:
+    """Blocks x (n1, n3, n4) and y (n2, n5, n6); claims of 6 GPUs hold n1, n2, n4 and n5. A group
+    of three 8-GPU pods waits, and the nodes kept for it are the three of one block, though the
+    nodes with the most GPUs free now (n3 and n6) and the first by name are in both."""
+    book = ledger()
+    blocks = {"n1": "x", "n2": "y", "n3": "x", "n4": "x", "n5": "y", "n6": "y"}
+    for node in ("n1", "n2", "n4", "n5"):
+        book.apply(in_block(node, blocks[node]), live=False)
+    blockers = [of(ClaimAllocated, book.apply(request(90 + n, gpus(6))))[0] for n in range(4)]
+    assert sorted(b.node for b in blockers) == ["n1", "n2", "n4", "n5"]
+    # n3 and n6 are another machine of 8 GPUs: alike each other, unlike the rest of their blocks
+    for node in ("n3", "n6"):
+        book.apply(in_block(node, blocks[node], "dgx-h100"), live=False)
+    book.apply(member(1, "train", 3, 8))
+    book.apply(member(2, "train", 3, 8))
+    failed = of(ClaimFailed, book.apply(member(3, "train", 3, 8)))
+    assert {f.cause for f in failed} == {"capacity"}
+    kept = failed[0].held_for_group
+    assert len(kept) == 3 and len({blocks[n] for n in kept}) == 1, kept

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,11 +115,12 @@ async def started_fleet(
     *,
     decide: bool = False,
     allocators: int = 1,
+    labels: Mapping[str, Mapping[str, str]] | None = None,
 ) -> AsyncIterator[list[Node]]:
     """Simulated nodes of Tangram's services against the control plane, each played by a test
-    kubelet, in the namespace `unique`."""
+    kubelet, in the namespace `unique`; `labels`: node name -> its Node's labels."""
     for sim_node in sims:
-        await register_node(kube, sim_node.name)
+        await register_node(kube, sim_node.name, labels=(labels or {}).get(sim_node.name))
     await install_device_classes(kube)
     await call("create namespace", CoreV1Api(kube).create_namespace({"metadata": {"name": unique}}))
     cluster = LocalCluster(

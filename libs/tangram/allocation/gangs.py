@@ -3,10 +3,11 @@
 Every claim of the group is decided in a trial fleet made of one candidate set of nodes: the
 fleet itself is never touched until the whole group fits, so a group that does not fit holds
 nothing. The candidates are the NVLink fabric cliques (GB200 NVL racks or their partitions) for a
-group that asks for one NVLink domain, else the fleet as a whole. Among the candidates that hold
-the group, the one chosen has no tray with degraded NVLink bandwidth, spreads it over the fewest
-nodes and leaves the fewest whole GPUs free around it (the tightest fit), so larger cliques stay
-free for larger groups.
+group that asks for one NVLink domain; else each network block (nodes whose Node carries the same
+block topology label) and the fleet as a whole. Among the candidates that hold the group, the one
+chosen has no tray with degraded NVLink bandwidth, keeps the group under one network block, spreads
+it over the fewest nodes and leaves the fewest whole GPUs free around it (the tightest fit), so
+larger cliques and blocks stay free for larger groups.
 """
 
 from __future__ import annotations
@@ -99,6 +100,33 @@ def cliques_of(fleet: FleetState, *, fenced: Iterable[str] = ()) -> dict[str, li
     return {clique: sorted(nodes) for clique, nodes in sorted(found.items())}
 
 
+def blocks_of(fleet: FleetState, *, fenced: Iterable[str] = ()) -> dict[str, list[str]]:
+    """Network block -> its nodes (less those fenced), for the nodes labelled with one."""
+    left_out = set(fenced)
+    found: dict[str, list[str]] = {}
+    for name in fleet.node_names:
+        node = fleet.node(name)
+        if node is not None and node.hw.network_block and name not in left_out:
+            found.setdefault(node.hw.network_block, []).append(name)
+    return {block: sorted(nodes) for block, nodes in sorted(found.items())}
+
+
+def _spans_blocks(fleet: FleetState, used: Iterable[str]) -> bool:
+    """Whether a placement on these nodes leaves one network block: a node without a block label
+    is a block of its own."""
+    blocks = {(node.hw.network_block or name) if (node := fleet.node(name)) else name for name in used}
+    return len(blocks) > 1
+
+
+def _candidates(fleet: FleetState, *, nvlink_domain: bool, fenced: set[str]) -> list[tuple[str, list[str]]]:
+    """(what the candidate is called in a reason, its nodes): the cliques for a domain, else each
+    network block and then the whole fleet."""
+    if nvlink_domain:
+        return [(f"clique {c}", nodes) for c, nodes in cliques_of(fleet, fenced=fenced).items()]
+    blocks = [(f"network block {b}", nodes) for b, nodes in blocks_of(fleet, fenced=fenced).items()]
+    return [*blocks, ("", [n for n in fleet.node_names if n not in fenced])]
+
+
 def place_gang(
     fleet: FleetState,
     claims: Sequence[Claim],
@@ -116,10 +144,10 @@ def place_gang(
     allocation was undone) is the only one it may join."""
     left_out = set(fenced)
     first = claims[0].uid if claims else ""
+    candidates = _candidates(fleet, nvlink_domain=nvlink_domain, fenced=left_out)
     if nvlink_domain:
-        candidates = cliques_of(fleet, fenced=left_out)
         if within is not None:
-            candidates = {within: candidates[within]} if within in candidates else {}
+            candidates = [(label, nodes) for label, nodes in candidates if label == f"clique {within}"]
         if not candidates and cliques_of(fleet):
             return Failed(
                 claim_uid=first,
@@ -139,14 +167,14 @@ def place_gang(
                 ),
                 cause="hardware",
             )
-    else:
-        candidates = {"": [n for n in fleet.node_names if n not in left_out]}
-    best: tuple[tuple[int, int, int, str], GangPlaced] | None = None
+    best: tuple[tuple[int, int, int, int, int], GangPlaced] | None = None
     failures: list[tuple[str, Failed]] = []
-    for clique, nodes in candidates.items():
+    for order, (label, nodes) in enumerate(candidates):
+        if best is not None and not label and not _spans_blocks(fleet, best[1].nodes):
+            break  # the fleet as a whole is tried only for what no one block holds
         outcome = _try(fleet, nodes, claims, classes, policy)
         if isinstance(outcome, Failed):
-            failures.append((clique, outcome))
+            failures.append((label, outcome))
             if outcome.cause == "claim":
                 break  # the claim is at fault wherever it is tried
             continue
@@ -154,9 +182,10 @@ def place_gang(
         used = {d.node for d in decisions}
         left_free = _whole_free(trial, nodes)
         degraded = any(_degraded(fleet, n) for n in nodes)
-        rank = (int(degraded), len(used), left_free, clique)
+        rank = (int(degraded), int(_spans_blocks(fleet, used)), len(used), left_free, order)
         if best is None or rank < best[0]:
-            best = (rank, GangPlaced(decisions=decisions, clique=clique or None))
+            clique = label.removeprefix("clique ") if nvlink_domain else None
+            best = (rank, GangPlaced(decisions=decisions, clique=clique))
     if best is not None:
         return best[1]
     names = {c.uid: f"{c.namespace}/{c.name}" for c in claims}
@@ -173,8 +202,8 @@ def nodes_to_hold(
     fenced: Iterable[str] = (),
 ) -> list[str]:
     """The nodes a waiting group is kept: where it would be placed were the claims there gone,
-    choosing the clique (for a domain) or the nodes with the most whole GPUs free now, so it fills
-    soonest; none when the group could never be held.
+    choosing the clique (for a domain), the network block, or else the nodes with the most whole
+    GPUs free now, so it fills soonest; none when the group could never be held.
 
     Without them a group waits for a moment when enough is free at once, and smaller claims asked
     after it take every GPU freed before that moment comes."""
@@ -186,12 +215,14 @@ def nodes_to_hold(
         )
         return None if isinstance(outcome, Failed) else sorted({d.node for d in outcome[1]})
 
+    # a clique (or, for a group of no domain, a network block) that would hold it: the one with
+    # the most whole GPUs free now
+    within = [c for c in _candidates(fleet, nvlink_domain=nvlink_domain, fenced=left_out) if c[0]]
+    for _, nodes in sorted(within, key=lambda c: (-_whole_free(fleet, c[1]), c[0])):
+        found = placed_when_emptied(nodes)
+        if found is not None:
+            return found
     if nvlink_domain:
-        cliques = cliques_of(fleet, fenced=left_out)
-        for clique in sorted(cliques, key=lambda c: (-_whole_free(fleet, cliques[c]), c)):
-            found = placed_when_emptied(cliques[clique])
-            if found is not None:
-                return found
         return []
     ordered = sorted(
         (n for n in fleet.node_names if n not in left_out), key=lambda n: (-_whole_free(fleet, [n]), n)
@@ -239,9 +270,8 @@ def _failed(
     where = "in any NVLink fabric clique" if nvlink_domain else "on the fleet"
     shown = [f for f in failures if f[1].cause == cause][:3]
     details = "; ".join(
-        f"{'clique ' + clique + ': ' if clique else ''}claim {names.get(f.claim_uid, f.claim_uid)}: "
-        f"{f.reason}"
-        for clique, f in shown
+        f"{label + ': ' if label else ''}claim {names.get(f.claim_uid, f.claim_uid)}: {f.reason}"
+        for label, f in shown
     )
     more = f" (and {len(failures) - len(shown)} more)" if len(failures) > len(shown) else ""
     return Failed(

@@ -99,6 +99,10 @@ class NodeHardware(msgspec.Struct, frozen=True, kw_only=True):
     cuda_driver_version: str = ""
     gpus: list[GpuInfo] = []
     links: list[GpuLink] = []
+    # The network block the node sits under (the value of its Node's block topology label, e.g.
+    # `network.topology.kubernetes.io/block`): a group of pods spread over several nodes is kept
+    # under one block where it fits. "" when the node has no such label.
+    network_block: str = ""
 
 
 def renamed_machine(template: NodeHardware, node: str) -> NodeHardware:

@@ -116,3 +116,8 @@ def test_kubernetes_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> No
     assert parse_settings(base).kubernetes is True
     with pytest.raises(SystemExit):
         parse_settings([*base, "--k8s-version", "1.30"])
+    assert defaults.network_block_label == "network.topology.kubernetes.io/block"
+    chosen = parse_settings([*base, "--network-block-label", "cloud.google.com/gce-topology-block"])
+    assert chosen.network_block_label == "cloud.google.com/gce-topology-block"
+    with pytest.raises(ValueError, match="network_block_label"):
+        parse_settings([*base, "--network-block-label", "not a label/key/"])
