@@ -179,6 +179,8 @@ class Preemptions:
         if metadata.get("deletionTimestamp"):
             return True  # already going
         who = ", ".join(pod_name(p) for p in preemptors) or f"{decision.namespace}/{decision.name}"
+        # a claim of a preempted group of pods may be on another node than the one reserved
+        node = str((pod.get("spec") or {}).get("nodeName") or decision.node)
         try:
             await call(
                 f"evict Pod {namespace}/{name}",
@@ -200,7 +202,7 @@ class Preemptions:
                 preemptors,
                 PREEMPTION_BLOCKED_REASON,
                 f"eviction of pod {namespace}/{name} (claim {victim.namespace}/{victim.name}, priority "
-                f"{victim.priority}) on node {decision.node} refused: {error.message or error.reason}; "
+                f"{victim.priority}) on node {node} refused: {error.message or error.reason}; "
                 "another preemption is planned",
                 derived_id(decision.uid, decision.attempt, victim.uid, "blocked"),
                 "Warning",
@@ -213,7 +215,7 @@ class Preemptions:
         await self._note(
             preemptors,
             PREEMPTING_REASON,
-            f"preempting pod {namespace}/{name} (priority {victim.priority}) on node {decision.node}: "
+            f"preempting pod {namespace}/{name} (priority {victim.priority}) on node {node}: "
             f"its claim {victim.namespace}/{victim.name} holds devices this pod's claim "
             f"{decision.namespace}/{decision.name} (priority {decision.priority}) needs",
             derived_id(decision.uid, decision.attempt, victim.uid, name),
@@ -222,7 +224,7 @@ class Preemptions:
         await self._note(
             [pod],
             PREEMPTED_REASON,
-            f"preempted by pod {who} (priority {decision.priority}) on node {decision.node}: its claim "
+            f"preempted by pod {who} (priority {decision.priority}) on node {node}: its claim "
             f"{decision.namespace}/{decision.name} needs the devices of claim {victim.namespace}/"
             f"{victim.name} (priority {victim.priority})",
             derived_id(decision.uid, decision.attempt, victim.uid, "preempted"),

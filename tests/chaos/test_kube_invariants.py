@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import msgspec
+
 from tangram.chaos.kube.faults import KUBE_FAULT_KINDS, kube_fault_order
 from tangram.chaos.kube.invariants import (
     allocated_by_uid,
@@ -18,6 +20,7 @@ from tangram.events import (
     ClaimPreempting,
     ClaimReleased,
     ClaimRequested,
+    GangMember,
     PreemptionVictim,
 )
 
@@ -103,6 +106,16 @@ def test_a_claim_not_above_the_preemptor_allocated_on_its_reserved_node_is_a_vio
     assert len(reserved_nodes_taken([*before, failed("n2"), allocated("low", "n2")])) == 1
     released = ClaimReleased(key="uid-p", namespace="chaos", name="p", uid="uid-p")
     assert reserved_nodes_taken([*before, released, allocated("low", "n1")]) == []
+
+    # a group preempts for all its claims: another claim of the preemptor's group may take the
+    # node, a claim of another group of the same name elsewhere may not
+    def in_group(name: str, group: str, namespace: str = "chaos") -> ClaimRequested:
+        gang = GangMember(group=group, size=2, pod=f"pod-{name}")
+        return msgspec.structs.replace(asked(name, 500), gang=gang, namespace=namespace)
+
+    grouped = [in_group("p", "train"), in_group("mate", "train"), in_group("other", "train", "elsewhere")]
+    assert reserved_nodes_taken([*grouped, preempting, allocated("mate", "n1")]) == []
+    assert len(reserved_nodes_taken([*grouped, preempting, allocated("other", "n1")])) == 1
 
 
 def test_every_fault_kind_comes_once_a_round_in_a_seeded_order() -> None:

@@ -111,14 +111,16 @@ def blocks_of(fleet: FleetState, *, fenced: Iterable[str] = ()) -> dict[str, lis
     return {block: sorted(nodes) for block, nodes in sorted(found.items())}
 
 
-def _spans_blocks(fleet: FleetState, used: Iterable[str]) -> bool:
+def spans_blocks(fleet: FleetState, used: Iterable[str]) -> bool:
     """Whether a placement on these nodes leaves one network block: a node without a block label
     is a block of its own."""
     blocks = {(node.hw.network_block or name) if (node := fleet.node(name)) else name for name in used}
     return len(blocks) > 1
 
 
-def _candidates(fleet: FleetState, *, nvlink_domain: bool, fenced: set[str]) -> list[tuple[str, list[str]]]:
+def candidates_for(
+    fleet: FleetState, *, nvlink_domain: bool, fenced: set[str]
+) -> list[tuple[str, list[str]]]:
     """(what the candidate is called in a reason, its nodes): the cliques for a domain, else each
     network block and then the whole fleet."""
     if nvlink_domain:
@@ -144,7 +146,7 @@ def place_gang(
     allocation was undone) is the only one it may join."""
     left_out = set(fenced)
     first = claims[0].uid if claims else ""
-    candidates = _candidates(fleet, nvlink_domain=nvlink_domain, fenced=left_out)
+    candidates = candidates_for(fleet, nvlink_domain=nvlink_domain, fenced=left_out)
     if nvlink_domain:
         if within is not None:
             candidates = [(label, nodes) for label, nodes in candidates if label == f"clique {within}"]
@@ -170,9 +172,9 @@ def place_gang(
     best: tuple[tuple[int, int, int, int, int], GangPlaced] | None = None
     failures: list[tuple[str, Failed]] = []
     for order, (label, nodes) in enumerate(candidates):
-        if best is not None and not label and not _spans_blocks(fleet, best[1].nodes):
+        if best is not None and not label and not spans_blocks(fleet, best[1].nodes):
             break  # the fleet as a whole is tried only for what no one block holds
-        outcome = _try(fleet, nodes, claims, classes, policy)
+        outcome = placed_in(fleet, nodes, claims, classes, policy)
         if isinstance(outcome, Failed):
             failures.append((label, outcome))
             if outcome.cause == "claim":
@@ -180,9 +182,9 @@ def place_gang(
             continue
         trial, decisions = outcome
         used = {d.node for d in decisions}
-        left_free = _whole_free(trial, nodes)
+        left_free = whole_free(trial, nodes)
         degraded = any(_degraded(fleet, n) for n in nodes)
-        rank = (int(degraded), int(_spans_blocks(fleet, used)), len(used), left_free, order)
+        rank = (int(degraded), int(spans_blocks(fleet, used)), len(used), left_free, order)
         if best is None or rank < best[0]:
             clique = label.removeprefix("clique ") if nvlink_domain else None
             best = (rank, GangPlaced(decisions=decisions, clique=clique))
@@ -210,22 +212,22 @@ def nodes_to_hold(
     left_out = set(fenced)
 
     def placed_when_emptied(nodes: list[str]) -> list[str] | None:
-        outcome = _try(
+        outcome = placed_in(
             fleet, nodes, claims, classes, policy, without=[u for n in nodes for u in fleet.holders(n)]
         )
         return None if isinstance(outcome, Failed) else sorted({d.node for d in outcome[1]})
 
     # a clique (or, for a group of no domain, a network block) that would hold it: the one with
     # the most whole GPUs free now
-    within = [c for c in _candidates(fleet, nvlink_domain=nvlink_domain, fenced=left_out) if c[0]]
-    for _, nodes in sorted(within, key=lambda c: (-_whole_free(fleet, c[1]), c[0])):
+    within = [c for c in candidates_for(fleet, nvlink_domain=nvlink_domain, fenced=left_out) if c[0]]
+    for _, nodes in sorted(within, key=lambda c: (-whole_free(fleet, c[1]), c[0])):
         found = placed_when_emptied(nodes)
         if found is not None:
             return found
     if nvlink_domain:
         return []
     ordered = sorted(
-        (n for n in fleet.node_names if n not in left_out), key=lambda n: (-_whole_free(fleet, [n]), n)
+        (n for n in fleet.node_names if n not in left_out), key=lambda n: (-whole_free(fleet, [n]), n)
     )
     size = 1
     while True:
@@ -237,12 +239,12 @@ def nodes_to_hold(
         size = min(size * 2, len(ordered))
 
 
-def _whole_free(fleet: FleetState, names: Iterable[str]) -> int:
+def whole_free(fleet: FleetState, names: Iterable[str]) -> int:
     """Whole GPUs free on these nodes of the fleet."""
     return sum(sum(node.whole_free.values()) for name in names if (node := fleet.node(name)))
 
 
-def _try(
+def placed_in(
     fleet: FleetState,
     nodes: list[str],
     claims: Sequence[Claim],

@@ -15,10 +15,11 @@ import msgspec
 from tangram.allocation.fleet import FleetState
 from tangram.allocation.gangs import GangPlaced, domain_troubles, node_clique, nodes_to_hold, place_gang
 from tangram.allocation.model import Allocated, Claim, Failed, Policy
-from tangram.allocation.reserving import GangHold
+from tangram.allocation.preemption import plan_gang_preemption
+from tangram.allocation.reserving import GangHold, Reservation
 from tangram.allocation.spec import DeviceClass
 from tangram.dra.imex import ImexChannel, free_channel, imex_config, imex_of
-from tangram.events import ClaimFailed, ClaimRequested, Event, FailureCause
+from tangram.events import ClaimFailed, ClaimPreempting, ClaimRequested, Event, FailureCause, PreemptionVictim
 from tangram.events.ids import derived_id
 
 
@@ -42,11 +43,24 @@ class Grouping:
     domains: dict[str, ImexChannel]
     _domain_members: dict[str, set[str]]
     gang_holds: dict[tuple[str, str], GangHold]
+    reservations: dict[str, Reservation]
 
     def classes_for(self, request: ClaimRequested) -> Mapping[str, DeviceClass]:
         raise NotImplementedError
 
     def _fenced_for(self, request: ClaimRequested) -> set[str]:
+        raise NotImplementedError
+
+    def _companions(self) -> dict[str, tuple[str, ...]]:
+        raise NotImplementedError
+
+    def _may_be_lower(self, priority: int) -> bool:
+        raise NotImplementedError
+
+    def _claim_name(self, uid: str) -> str:
+        raise NotImplementedError
+
+    def victim(self, uid: str) -> PreemptionVictim:
         raise NotImplementedError
 
     def _allocated(
@@ -130,14 +144,20 @@ class Grouping:
             for member, decision in zip(open_requests, placed.decisions, strict=True):
                 outputs += self._allocated(member, decision, adopt=True, classes=classes)
             return outputs
-        kept: list[str] = []
         own = (request.namespace, gang.group)
+        preempting: list[Event] = []
+        reason = placed.reason
+        kept: list[str] = []
+        if placed.cause == "capacity":
+            preempting, reason, kept = self._preempt_for_group(
+                request, open_requests, classes, fenced, placed
+            )
         first_in_line = not any(
             key != own and hold.priority >= request.priority for key, hold in self.gang_holds.items()
         )
         # one group at a time is kept room for (the first to wait, per priority): room kept for every
         # waiting group would fence most of the fleet, and nothing else could run meanwhile
-        if placed.cause == "capacity" and first_in_line:
+        if placed.cause == "capacity" and first_in_line and not kept:
             kept = nodes_to_hold(
                 self.fleet,
                 [claim_of(m) for m in open_requests],
@@ -150,15 +170,113 @@ class Grouping:
                 self.gang_holds[(request.namespace, gang.group)] = GangHold(
                     nodes=frozenset(kept), priority=request.priority
                 )
-        reason = placed.reason + (f"; nodes {', '.join(kept)} are kept for it meanwhile" if kept else "")
+        reason += f"; nodes {', '.join(kept)} are kept for it meanwhile" if kept else ""
+        outputs += preempting
         for member in open_requests:
             self.decided[member.uid] = "failed"
             if placed.cause == "capacity":
                 # counted in the demand mix as a replay of the failure counts it
                 self.fleet.note_demand(claim_of(member), classes)
             failure = self._gang_failure(member, request, reason, placed.cause)
-            outputs.append(msgspec.structs.replace(failure, held_for_group=kept))
+            standing = self.reservations.get(member.uid)
+            outputs.append(
+                msgspec.structs.replace(
+                    failure, held_for_group=kept, reserved_node=standing.node if standing is not None else ""
+                )
+            )
         return outputs
+
+    def _preempt_for_group(
+        self,
+        request: ClaimRequested,
+        members: list[ClaimRequested],
+        classes: Mapping[str, DeviceClass],
+        fenced: set[str],
+        failed: Failed,
+    ) -> tuple[list[Event], str, list[str]]:
+        """A group that did not fit for want of capacity: the preemption under way for it, or the
+        one planned now, as (its events, the reason its claims wait, the nodes kept for it); no
+        events and no nodes when it may preempt nobody.
+
+        As for a claim alone (`Reserving._preempt`), a preemption is planned once and the group
+        waits while any victim still holds its devices. Each victim's node is reserved for the
+        member placed there, and every node of the placement is kept for the group, so no claim of
+        its priority or lower takes what the group waits for."""
+        gang = request.gang
+        assert gang is not None
+        own = (request.namespace, gang.group)
+        uids = [m.uid for m in members]
+        protected = {p for m in members for p in m.protected}
+        standing = {uid: r for uid in uids if (r := self.reservations.get(uid)) is not None}
+        if standing:
+            holding = sorted(
+                {v for r in standing.values() for v in r.victims if self.fleet.allocation(v) is not None}
+            )
+            hold = self.gang_holds.get(own)
+            if holding and not set(holding) & protected and hold is not None:
+                count = f"{len(holding)} claim{'s' if len(holding) != 1 else ''}"
+                named = ", ".join(self._claim_name(v) for v in holding)
+                why = f"{failed.reason}; preempting {count} of lower priority ({named}): "
+                why += "waits for their devices"
+                return [], why, sorted(hold.nodes)
+            for uid in standing:
+                del self.reservations[uid]
+        priority = min(m.priority for m in members)
+        if any(m.preemption_policy == "Never" for m in members) or not self._may_be_lower(priority):
+            return [], failed.reason, []
+        plan = plan_gang_preemption(
+            self.fleet,
+            [claim_of(m) for m in members],
+            classes,
+            self.policy,
+            nvlink_domain=gang.nvlink_domain,
+            priority=priority,
+            priorities=self.priorities,
+            protected=protected,
+            fenced=fenced | {r.node for uid, r in self.reservations.items() if uid not in uids},
+            companions=self._companions(),
+        )
+        if plan is None:
+            return [], failed.reason, []
+        placed_on = {d.node: m for m, d in reversed(list(zip(members, plan.decisions, strict=True)))}
+        by_node: dict[str, list[str]] = {}
+        for victim in plan.victims:
+            held = self.fleet.allocation(victim)
+            node = held.node if held is not None and held.node in placed_on else ""
+            by_node.setdefault(node, []).append(victim)
+        # a victim of no node of the placement (a claim of a preempted group, elsewhere) is named
+        # with the first node's victims
+        elsewhere = by_node.pop("", [])
+        nodes = sorted(by_node) or plan.nodes[:1]
+        by_node.setdefault(nodes[0], []).extend(elsewhere)
+        events: list[Event] = []
+        for node in nodes:
+            member = placed_on[node]
+            victims = by_node[node]
+            self.reservations[member.uid] = Reservation(node=node, priority=priority, victims=tuple(victims))
+            events.append(
+                ClaimPreempting(
+                    key=member.key,
+                    event_id=derived_id(member.uid, "preempting", "gang", request.uid, request.attempt),
+                    producer=self.producer,
+                    namespace=member.namespace,
+                    name=member.name,
+                    uid=member.uid,
+                    node=node,
+                    priority=priority,
+                    victims=[self.victim(v) for v in victims],
+                    reason=failed.reason,
+                    positions=dict(self.positions),
+                    attempt=member.attempt,
+                )
+            )
+        self.gang_holds[own] = GangHold(nodes=frozenset(plan.nodes), priority=priority)
+        count = f"{len(plan.victims)} claim{'s' if len(plan.victims) != 1 else ''}"
+        named = ", ".join(
+            f"{self._claim_name(v)} (priority {self.priorities.get(v, 0)})" for v in plan.victims
+        )
+        why = f"{failed.reason}; preempting {count} of lower priority on nodes {', '.join(nodes)}: {named}"
+        return events, why, plan.nodes
 
     def _with_channel(self, domain: str, placed: GangPlaced, first: str) -> GangPlaced | Failed:
         """The group's decisions, each carrying the domain's IMEX channel: the one the domain holds

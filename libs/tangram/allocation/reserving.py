@@ -51,15 +51,19 @@ class Reserving:
     priorities: dict[str, int]  # uid -> the priority its last request carried
     reservations: dict[str, Reservation]  # preemptor uid -> its reservation
     gang_holds: dict[tuple[str, str], GangHold]  # (namespace, group) -> the clique kept for it
+    gangs: dict[tuple[str, str], dict[str, ClaimRequested]]  # (namespace, group) -> its claims' requests
 
     def _fenced_for(self, request: ClaimRequested) -> set[str]:
         """Nodes reserved for another claim's preemption or kept for another waiting group, which
-        this claim may not take from it: all of them for a claim of the same priority or lower."""
+        this claim may not take from it: all of them for a claim of the same priority or lower. A
+        claim of a group may take what is reserved for any claim of its group."""
         own = (request.namespace, request.gang.group) if request.gang is not None else None
+        ours = set(self.gangs.get(own, {})) if own is not None else set()
+        ours.add(request.uid)
         fenced = {
             r.node
             for uid, r in self.reservations.items()
-            if uid != request.uid and request.priority <= r.priority
+            if uid not in ours and request.priority <= r.priority
         }
         for key, hold in self.gang_holds.items():
             if key != own and request.priority <= hold.priority:
@@ -98,6 +102,7 @@ class Reserving:
             priorities=self.priorities,
             protected=set(request.protected),
             fenced={r.node for uid, r in self.reservations.items() if uid != request.uid},
+            companions=self._companions(),
         )
         if plan is None:
             return [], failed
@@ -125,6 +130,16 @@ class Reserving:
             f"lower priority on node {plan.node}: {named}"
         )
         return [preempting], msgspec.structs.replace(failed, reason=reason)
+
+    def _companions(self) -> dict[str, tuple[str, ...]]:
+        """uid -> the other claims its group of pods holds, for each claim of a group that holds
+        devices: preempting one preempts them all."""
+        found: dict[str, tuple[str, ...]] = {}
+        for members in self.gangs.values():
+            holding = [uid for uid in members if self.fleet.allocation(uid) is not None]
+            for uid in holding:
+                found[uid] = tuple(u for u in holding if u != uid)
+        return found
 
     def victim(self, uid: str) -> PreemptionVictim:
         """The claim as a preemption names it: where it is, and the priority it was asked with."""

@@ -70,13 +70,17 @@ def reserved_nodes_taken(log: Iterable[Event]) -> list[str]:
     preemptor's alone. The reservation stands from the ClaimPreempting until the preemptor is
     allocated (on that node, or elsewhere once capacity freed there first) or released, or a
     failure of the preemptor names no reserved node (it was given up); a failure naming another
-    node moves it."""
+    node moves it. A group of pods preempts for all its claims: a claim of the preemptor's own
+    group takes what is reserved for it."""
     priority: dict[str, int] = {}
+    group: dict[str, tuple[str, str]] = {}
     reserved: dict[str, tuple[str, int, str]] = {}  # preemptor uid -> node, its priority, its name
     taken: list[str] = []
     for event in log:
         if isinstance(event, ClaimRequested):
             priority[event.uid] = event.priority
+            if event.gang is not None:
+                group[event.uid] = (event.namespace, event.gang.group)
         elif isinstance(event, ClaimPreempting):
             reserved[event.uid] = (event.node, event.priority, f"{event.namespace}/{event.name}")
         elif isinstance(event, ClaimFailed) and event.uid in reserved:
@@ -88,7 +92,10 @@ def reserved_nodes_taken(log: Iterable[Event]) -> list[str]:
         elif isinstance(event, ClaimAllocated):
             reserved.pop(event.uid, None)
             own = priority.get(event.uid)
-            for node, at, preemptor in reserved.values():
+            ours = group.get(event.uid)
+            for uid, (node, at, preemptor) in reserved.items():
+                if ours is not None and group.get(uid) == ours:
+                    continue
                 if node == event.node and (own is None or own <= at):
                     taken.append(
                         f"claim {event.namespace}/{event.name} (priority {own}) allocated on node "
