@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 from services.cdi.settings import CdiSettings
 from tangram.bus import node_claim_sources
@@ -31,6 +32,7 @@ from tangram.kubelet import (
 )
 from tangram.kubelet.kubesource import ApiClaimReader, KubeAllocationSource
 from tangram.kubernetes.api import connect
+from tangram.kubernetes.api.nodeaddresses import NodeAddresses
 from tangram.nvml import open_backend
 from tangram.service import ServiceContext, first, follow_all, settle
 from tangram.sharing import REAL_CONTROL_COMMAND, SIMULATED_CONTROL_COMMAND, SharingManager
@@ -61,28 +63,35 @@ async def find_driver(settings: CdiSettings, nvml_version: str | None) -> Driver
 
 
 @contextlib.asynccontextmanager
-async def claim_source(
-    ctx: ServiceContext, settings: CdiSettings, view: InMemoryAllocationSource
-) -> AsyncIterator[AllocationSource]:
+async def kube_api(settings: CdiSettings) -> AsyncIterator[Any]:
+    """The API server's client with --kubernetes, else None."""
     if not settings.kubernetes:
-        yield view
+        yield None
         return
+    api = await connect(kubeconfig=settings.kubeconfig)
+    try:
+        yield api
+    finally:
+        await api.close()
+
+
+def claim_source(
+    ctx: ServiceContext, settings: CdiSettings, view: InMemoryAllocationSource, api: Any
+) -> AllocationSource:
+    if api is None:
+        return view
 
     async def send(command: PartitionRequested) -> object:
         return await ctx.bus.publish(command)
 
-    api = await connect(kubeconfig=settings.kubeconfig)
-    try:
-        yield KubeAllocationSource(
-            node=settings.node_name,
-            driver=settings.driver_name,
-            reader=ApiClaimReader(api),
-            view=view,
-            send=send,
-            producer=f"cdi@{settings.node_name}",
-        )
-    finally:
-        await api.close()
+    return KubeAllocationSource(
+        node=settings.node_name,
+        driver=settings.driver_name,
+        reader=ApiClaimReader(api),
+        view=view,
+        send=send,
+        producer=f"cdi@{settings.node_name}",
+    )
 
 
 def sharing_manager(settings: CdiSettings) -> SharingManager | None:
@@ -96,7 +105,7 @@ def sharing_manager(settings: CdiSettings) -> SharingManager | None:
     return SharingManager(nvml, root=settings.mps_root, control_command=control)
 
 
-def imex_domains(settings: CdiSettings) -> ImexDomains:
+def imex_domains(settings: CdiSettings, api: Any) -> ImexDomains:
     """The IMEX daemon of the NVLink domain the node serves: NVIDIA's, or the stand-in on a
     simulated node, whose channel device nodes are plain files in its simulated driver root."""
     simulated = settings.sim_machine is not None
@@ -107,6 +116,8 @@ def imex_domains(settings: CdiSettings) -> ImexDomains:
         dev_root=settings.driver_root_mount or settings.driver_root,
         command=command,
         simulated=simulated,
+        # in Kubernetes, peers are listed by their Nodes' addresses: node names need not resolve
+        addresses=NodeAddresses(api) if api is not None else None,
     )
 
 
@@ -138,16 +149,16 @@ async def run(ctx: ServiceContext, settings: CdiSettings) -> None:
         async def publish(event: ClaimPrepared | ClaimUnprepared) -> None:
             await ctx.bus.publish(event)
 
-        async with claim_source(ctx, settings, view) as source:
+        async with kube_api(settings) as api:
             plugin = await build_plugin(
                 config,
-                source,
+                claim_source(ctx, settings, view, api),
                 on_event=publish,
                 producer=f"cdi@{settings.node_name}",
                 driver=driver,
                 health=health,
                 sharing=await asyncio.to_thread(sharing_manager, settings),
-                imex=imex_domains(settings),
+                imex=imex_domains(settings, api),
             )
             async with plugin:
                 ctx.readiness.append(plugin.registration_problem)

@@ -52,10 +52,15 @@ SETTINGS: dict[str, tuple[list[Path], dict[str, str]]] = {
     ),
     # the scheduling gate from a MutatingAdmissionPolicy instead of the webhook
     "admission-policy": ([], {"admission.mode": "policy"}),
+    # IMEX daemons for NVLink domains (GB200 NVL), on OpenShift too
+    "imex": ([], {"node.imex.enabled": "true", "openshift.enabled": "true"}),
 }
 ALL_SETS = [*VALUE_SETS, *SETTINGS]
 # The value sets whose node users come from the auth callout (the others: static url files).
-CALLOUT_SETS = {"default", "openshift", "everything", "existing-nats-callout", "admission-policy"}
+CALLOUT_SETS = {"default", "openshift", "everything", "existing-nats-callout", "admission-policy", "imex"}
+IMEX_SETS = {"imex"}
+# What IMEX adds on the host: the daemons' configs and the channel device nodes.
+IMEX_HOST_PATHS = {"/run/tangram/imex", "/dev/nvidia-caps-imex-channels"}
 # The value sets that run the admission webhook (the others: the policy).
 WEBHOOK_SETS = set(ALL_SETS) - {"admission-policy"}
 CRD_KINDS = {
@@ -442,6 +447,7 @@ def test_host_paths_only_on_the_node_pod_and_only_the_expected_ones(
     host = {v["name"]: v["hostPath"] for v in node["volumes"] if "hostPath" in v}
     # with the auth callout the node's NATS credential is its projected token, not a host file
     expected = NODE_HOST_PATHS if value_set in CALLOUT_SETS else NODE_HOST_PATHS | {NODE_URL_DIR}
+    expected |= IMEX_HOST_PATHS if value_set in IMEX_SETS else set()
     assert {h["path"] for h in host.values()} == expected
     mounts = {c["name"]: {m["name"]: m for m in c["volumeMounts"]} for c in node["containers"]}
     # The host's / only read-only, and only in cdi; /dev only in the partitioner.
@@ -465,14 +471,20 @@ def test_only_the_partitioner_is_privileged(
         if obj["kind"] not in WORKLOADS:
             continue
         pod = _pod(obj)
-        assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
+        # the host's network only for the node pod, and only with IMEX (its daemons' peers)
+        on_host_network = value_set in IMEX_SETS and obj["metadata"]["name"] == "tangram-node"
+        assert bool(pod.get("hostNetwork")) is on_host_network
+        assert not pod.get("hostPID") and not pod.get("hostIPC")
         for container in pod["containers"]:
             context = container["securityContext"]
             if context.get("privileged"):
                 privileged.add(f"{obj['kind']}/{container['name']}")
                 continue
             assert context["allowPrivilegeEscalation"] is False, container["name"]
-            assert context["capabilities"] == {"drop": ["ALL"]}, container["name"]
+            # one capability in all: MKNOD, for cdi's IMEX channel device nodes
+            mknod = on_host_network and container["name"] == "cdi"
+            wanted = {"drop": ["ALL"], "add": ["MKNOD"]} if mknod else {"drop": ["ALL"]}
+            assert context["capabilities"] == wanted, container["name"]
             assert context["readOnlyRootFilesystem"] is True, container["name"]
     assert privileged == {"DaemonSet/partitioner"}
 
@@ -1200,3 +1212,56 @@ def test_sharing_off_takes_nvml_and_the_mps_root_from_the_cdi_container(helm: Pa
 
 def rendered_objects(helm: Path, settings: dict[str, str]) -> list[dict[str, Any]]:
     return _objects(chart.template([], settings, binary=helm))
+
+
+def test_imex_off_adds_nothing_and_on_adds_only_what_the_daemons_need(helm: Path) -> None:
+    off = _pod(_one(rendered_objects(helm, {}), "DaemonSet", "node"))
+    on = _pod(_one(rendered_objects(helm, {"node.imex.enabled": "true"}), "DaemonSet", "node"))
+
+    def cdi(pod: dict[str, Any]) -> dict[str, Any]:
+        [found] = [c for c in pod["containers"] if c["name"] == "cdi"]
+        return found
+
+    env = {e["name"]: e.get("value") for e in cdi(on)["env"]}
+    assert env["TANGRAM_IMEX_ROOT"] == "/run/tangram/imex"
+    assert env["TANGRAM_IMEX_DAEMON"] == "/driver-root/usr/bin/nvidia-imex"
+    assert {e["name"] for e in cdi(off)["env"]}.isdisjoint({"TANGRAM_IMEX_ROOT", "TANGRAM_IMEX_DAEMON"})
+    assert (on["hostNetwork"], on["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
+    assert "hostNetwork" not in off and "dnsPolicy" not in off
+    mounts = {m["name"]: m for m in cdi(on)["volumeMounts"]}
+    # the channel device nodes go where the driver root's /dev is seen, writable; the host's / stays read-only
+    assert mounts["imex-channels"]["mountPath"] == "/driver-root/dev/nvidia-caps-imex-channels"
+    assert "readOnly" not in mounts["imex-channels"] and mounts["driver-root"]["readOnly"] is True
+    assert mounts["imex-root"]["mountPath"] == "/run/tangram/imex"
+    assert {"imex-root", "imex-channels"}.isdisjoint(v["name"] for v in off["volumes"])
+    others = [c for c in on["containers"] if c["name"] != "cdi"]
+    assert all("imex-channels" not in {m["name"] for m in c["volumeMounts"]} for c in others)
+    # under the GPU Operator's driver root, the channels are its /dev's, as the CDI specs name them
+    operator = _pod(
+        _one(
+            rendered_objects(helm, {"node.imex.enabled": "true", "node.driverRoot": "/run/nvidia/driver"}),
+            "DaemonSet",
+            "node",
+        )
+    )
+    [channels] = [v for v in operator["volumes"] if v["name"] == "imex-channels"]
+    assert channels["hostPath"]["path"] == "/run/nvidia/driver/dev/nvidia-caps-imex-channels"
+
+
+def test_openshift_allows_the_host_network_and_mknod_only_with_imex(helm: Path) -> None:
+    plain = _one(rendered_objects(helm, {"openshift.enabled": "true"}), "SecurityContextConstraints", "node")
+    imex = _one(
+        rendered_objects(helm, {"openshift.enabled": "true", "node.imex.enabled": "true"}),
+        "SecurityContextConstraints",
+        "node",
+    )
+    assert (plain["allowHostNetwork"], plain["allowHostPorts"], plain["allowedCapabilities"]) == (
+        False,
+        False,
+        [],
+    )
+    assert (imex["allowHostNetwork"], imex["allowHostPorts"], imex["allowedCapabilities"]) == (
+        True,
+        True,
+        ["MKNOD"],
+    )

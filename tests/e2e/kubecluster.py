@@ -116,11 +116,18 @@ async def started_fleet(
     decide: bool = False,
     allocators: int = 1,
     labels: Mapping[str, Mapping[str, str]] | None = None,
+    addresses: Mapping[str, str] | None = None,
 ) -> AsyncIterator[list[Node]]:
     """Simulated nodes of Tangram's services against the control plane, each played by a test
-    kubelet, in the namespace `unique`; `labels`: node name -> its Node's labels."""
+    kubelet, in the namespace `unique`; `labels`: node name -> its Node's labels; `addresses`:
+    node name -> the InternalIP its Node reports."""
     for sim_node in sims:
-        await register_node(kube, sim_node.name, labels=(labels or {}).get(sim_node.name))
+        await register_node(
+            kube,
+            sim_node.name,
+            labels=(labels or {}).get(sim_node.name),
+            address=(addresses or {}).get(sim_node.name),
+        )
     await install_device_classes(kube)
     await call("create namespace", CoreV1Api(kube).create_namespace({"metadata": {"name": unique}}))
     cluster = LocalCluster(

@@ -3,8 +3,9 @@
 Two simulated racks: rack a of three trays, rack b of two (each tray a node of 4 GPUs). A job of
 8 one-GPU pods asks for one NVLink domain: it lands in one clique (rack b, which it fills exactly,
 leaving rack a whole for a larger job), every pod gets the same IMEX channel through its CDI spec,
-the IMEX daemon runs on exactly the job's two nodes with a nodes config naming exactly those, a GPU
-failing on one of them is told on the job's pods, and all of it is gone once the pods are deleted.
+the IMEX daemon runs on exactly the job's two nodes with a nodes config listing exactly those (by
+their Nodes' addresses), a GPU failing on one of them is told on the job's pods, and all of it is
+gone once the pods are deleted.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ async def racks(controlplane: ControlPlane, kube: Any, unique: str) -> AsyncIter
     suffix = unique.rsplit("-", 1)[-1]
     trays = [SimNode(f"a{i}-{suffix}", "gb200-tray", rack=f"rack-a-{suffix}") for i in (1, 2, 3)]
     trays += [SimNode(f"b{i}-{suffix}", "gb200-tray", rack=f"rack-b-{suffix}") for i in (1, 2)]
-    async with started_fleet(controlplane, kube, unique, trays, decide=True) as nodes:
+    addresses = {tray.name: f"10.250.0.{i}" for i, tray in enumerate(trays, start=1)}
+    async with started_fleet(controlplane, kube, unique, trays, decide=True, addresses=addresses) as nodes:
         yield nodes
 
 
@@ -95,11 +97,13 @@ async def test_an_nvl72_job_of_eight_pods_lands_in_one_clique_with_one_imex_chan
     [channel] = channels  # every pod the same channel, of one domain on exactly the job's nodes
     assert channel.domain == f"{first.namespace}/train" and list(channel.nodes) == rack_b
 
+    # the daemons reach each other at their Nodes' InternalIPs: node names need not resolve
+    peers = [f"10.250.0.{4 + rack_b.index(name)}" for name in rack_b]
     for name in rack_b:
         imex_root = first.cluster.imex_root(name)
         [domain_dir] = list(imex_root.iterdir())
-        assert (domain_dir / NODES_FILE).read_text() == "".join(f"{n}\n" for n in rack_b)
-        assert json.loads((domain_dir / STATUS_FILE).read_text())["nodes"] == rack_b  # the daemon's word
+        assert (domain_dir / NODES_FILE).read_text() == "".join(f"{p}\n" for p in peers)
+        assert json.loads((domain_dir / STATUS_FILE).read_text())["nodes"] == peers  # the daemon's word
         device = first.cluster.driver_root(name) / channel.device_path.lstrip("/")
         assert device.exists()
     for node in racks:

@@ -9,7 +9,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -153,3 +153,39 @@ def test_the_stand_in_refuses_a_nodes_config_without_nodes_or_with_a_bad_line(tm
         check=False,
     )
     assert run.returncode == 1 and "IMEX_NODE_CONFIG_FILE is not set" in run.stderr
+
+
+async def test_peers_are_listed_by_the_addresses_the_resolver_gives_and_an_unknown_one_fails(
+    tmp_path: Path,
+) -> None:
+    asked: list[list[str]] = []
+
+    async def addresses(names: Sequence[str]) -> list[str]:
+        asked.append(list(names))
+        if "tray-2" in names and len(asked) > 1:
+            raise LookupError("Node tray-2 not found")
+        return [f"10.0.0.{name.rsplit('-', 1)[1]}" for name in names]
+
+    def node(root: str) -> ImexDomains:
+        return ImexDomains(
+            node="tray-1",
+            root=tmp_path / root,
+            dev_root=tmp_path / "root",
+            command=SIMULATED_DAEMON_COMMAND,
+            simulated=True,
+            addresses=addresses,
+        )
+
+    resolved = node("imex")
+    await resolved.join("claim-a", TRAIN)
+    directory = resolved.root / TRAIN.directory_name
+    assert (directory / NODES_FILE).read_text() == "10.0.0.1\n10.0.0.2\n"
+    assert status(resolved, TRAIN)["nodes"] == ["10.0.0.1", "10.0.0.2"]
+    await resolved.leave("claim-a")
+
+    unknown = node("imex-2")
+    with pytest.raises(
+        ImexError, match="addresses of nodes tray-1, tray-2 are unknown: Node tray-2 not found"
+    ):
+        await unknown.join("claim-a", TRAIN)
+    assert unknown.serving() is None and not (unknown.root / TRAIN.directory_name).exists()

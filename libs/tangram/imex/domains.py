@@ -20,7 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
 from tangram.cdi.atomic import atomic_write
@@ -55,9 +55,14 @@ class ImexError(RuntimeError):
     """The domain's daemon or channel cannot be set up on this node; the message says why."""
 
 
+# The domain's node names -> the addresses its daemons reach each other at, in the same order.
+Addresses = Callable[[Sequence[str]], Awaitable[list[str]]]
+
+
 class ImexDomains:
     """`dev_root`: where the node's /dev is seen (the driver root mount); `simulated`: channel
-    device nodes are plain files there, as the simulated driver root's other device nodes are."""
+    device nodes are plain files there, as the simulated driver root's other device nodes are;
+    `addresses`: where each peer is reached (its Node's address in Kubernetes), else its name."""
 
     def __init__(
         self,
@@ -68,8 +73,10 @@ class ImexDomains:
         command: Sequence[str] = REAL_DAEMON_COMMAND,
         simulated: bool = False,
         timeout_s: float = 30.0,
+        addresses: Addresses | None = None,
     ) -> None:
         self.node = node
+        self._addresses = addresses
         self.root = root
         self.dev_root = dev_root
         self._command = tuple(command)
@@ -143,9 +150,17 @@ class ImexDomains:
     def _directory(self, grant: ImexGrant) -> Path:
         return self.root / grant.directory_name
 
+    async def _peers(self, grant: ImexGrant) -> list[str]:
+        if self._addresses is None:
+            return list(grant.nodes)
+        try:
+            return await self._addresses(grant.nodes)
+        except Exception as error:  # the resolver is I/O: whatever it raises says why
+            raise ImexError(f"the addresses of nodes {', '.join(grant.nodes)} are unknown: {error}") from None
+
     async def _ensure_daemon(self, grant: ImexGrant) -> None:
         directory = self._directory(grant)
-        nodes_text = "".join(f"{node}\n" for node in grant.nodes)
+        nodes_text = "".join(f"{peer}\n" for peer in await self._peers(grant))
         nodes_path = directory / NODES_FILE
         current = nodes_path.read_text(encoding="utf-8") if nodes_path.exists() else None
         pid = _read_pid(directory)

@@ -445,9 +445,15 @@ class ControlPlane:
 
 
 async def register_node(
-    api: Any, name: str, *, labels: Mapping[str, str] | None = None, pods: int = 110
+    api: Any,
+    name: str,
+    *,
+    labels: Mapping[str, str] | None = None,
+    pods: int = 110,
+    address: str | None = None,
 ) -> Any:
-    """Create a Node the scheduler can place pods on, as a kubelet would register it.
+    """Create a Node the scheduler can place pods on, as a kubelet would register it (with
+    `address` as its InternalIP, as a kubelet reports it).
 
     No kubelet or node-lifecycle controller runs, so the not-ready taint the API server adds at
     creation is lifted here and the Ready condition and allocatable resources are set directly.
@@ -478,6 +484,11 @@ async def register_node(
             ],
         }
     }
+    if address is not None:
+        status["status"]["addresses"] = [
+            {"type": "InternalIP", "address": address},
+            {"type": "Hostname", "address": name},
+        ]
     return await call(f"mark Node {name} ready", core.patch_node_status(name, status))
 
 
