@@ -9,7 +9,7 @@ import pytest
 from tangram.cdi.devices import ClaimRef
 from tangram.dra import node_devices
 from tangram.dra.imex import ImexChannel
-from tangram.kubelet.claimstatus import ClaimRefused, check_topology, read_allocation
+from tangram.kubelet.claimstatus import ClaimRefused, check_topology, read_allocation, reserved_pods
 from tests.allocator.helpers import hardware
 from tests.support.driver import DRIVER
 
@@ -142,3 +142,20 @@ def test_an_imex_channel_a_claim_or_its_class_carries_is_refused() -> None:
     broken["opaque"]["parameters"]["channel"] = 99999
     with pytest.raises(ClaimRefused, match=r"invalid ImexChannel.*channel"):
         read_allocation(claim(["gpu-0"], [broken]), CLAIM, driver=DRIVER, pool=NODE)
+
+
+def test_the_pods_a_claim_is_reserved_for_are_read_and_anything_else_left_out() -> None:
+    body = {
+        "status": {
+            "reservedFor": [
+                {"resource": "pods", "name": "train-0", "uid": "u0"},
+                {"resource": "pods", "name": "train-1", "uid": "u1"},
+                {"resource": "jobs", "apiGroup": "batch", "name": "train", "uid": "u2"},
+                {"resource": "pods", "name": "Not A Name!", "uid": "u3"},
+                {"resource": "pods", "name": 7},
+                "garbage",
+            ]
+        }
+    }
+    assert reserved_pods(body) == ["train-0", "train-1"]
+    assert reserved_pods({"status": {"reservedFor": "x"}}) == [] and reserved_pods([]) == []

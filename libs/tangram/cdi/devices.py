@@ -30,6 +30,8 @@ class ResolvedDevice(msgspec.Struct, frozen=True, kw_only=True):
     gi_cap_minor: int = -1  # /dev/nvidia-caps/nvidia-cap<N> of the GPU instance
     ci_cap_minor: int = -1  # ... of the compute instance
     share: DeviceShare | None = None  # a share of the device (MPS or time-slicing), not all of it
+    # the MIG device's GPU instance id on its GPU (what DCGM labels GPU_I_ID); -1 for a whole GPU
+    gpu_instance_id: int = -1
 
     @property
     def is_mig(self) -> bool:
@@ -61,6 +63,8 @@ class ResolvedAllocation(msgspec.Struct, frozen=True, kw_only=True):
     claim: ClaimRef
     devices: list[ResolvedDevice]
     imex: ImexGrant | None = None  # the IMEX channel of the claim's NVLink domain, if it is in one
+    # the pods the claim was reserved for when it was prepared (`status.reservedFor`, in Kubernetes)
+    pods: list[str] = []
 
 
 def imex_grant(channel: ImexChannel | None) -> ImexGrant | None:

@@ -267,6 +267,7 @@ class InMemoryAllocationSource:
             profile=device.profile or instance.profile,
             gi_cap_minor=instance.gi_cap_minor,
             ci_cap_minor=instance.ci_cap_minor,
+            gpu_instance_id=instance.gpu_instance_id,
         )
 
 
@@ -278,11 +279,17 @@ class _Instance(NamedTuple):
     placement: MigPlacement
     gi_cap_minor: int
     ci_cap_minor: int
+    gpu_instance_id: int
 
     @classmethod
     def of_result(cls, result: PartitionApplied) -> _Instance:
         return cls(
-            result.mig_uuid, result.profile, result.placement, result.gi_cap_minor, result.ci_cap_minor
+            result.mig_uuid,
+            result.profile,
+            result.placement,
+            result.gi_cap_minor,
+            result.ci_cap_minor,
+            result.gpu_instance_id,
         )
 
     @property
@@ -304,5 +311,6 @@ def _existing_instance(gpu: GpuInfo, placement: MigPlacement) -> _Instance | Non
                 instance.placement,
                 instance.gi_cap_minor,
                 instance.ci_cap_minor,
+                instance.gpu_instance_id,
             )
     return None

@@ -27,6 +27,7 @@ from tangram.dra.model import Device
 from tangram.dra.names import names_result
 from tangram.dra.sharing import read_share
 from tangram.events import DeviceShare, NodeHardware
+from tangram.kubernetes.objects.limits import DNS_SUBDOMAIN, MAX_SUBDOMAIN
 
 
 class ClaimRefused(ValueError):
@@ -261,3 +262,21 @@ def check_topology(
                     f"{config.minPairBandwidthGBps:g} GB/s between each pair of its GPUs, but GPUs {a} "
                     f"and {b} of node {hardware.node} have {bandwidth:g} GB/s"
                 )
+
+
+def reserved_pods(obj: Any) -> list[str]:
+    """The names of the pods the claim is reserved for (`status.reservedFor`, resource "pods"), in
+    order; entries that are not well-formed pod references are left out (the API server writes
+    this field, and what it says is only ever shown, never acted on)."""
+    status = obj.get("status") if isinstance(obj, dict) else None
+    entries = status.get("reservedFor") if isinstance(status, dict) else None
+    if not isinstance(entries, list):
+        return []
+    names = []
+    for entry in entries:
+        if not isinstance(entry, dict) or entry.get("resource") != "pods" or entry.get("apiGroup", ""):
+            continue
+        name = entry.get("name")
+        if isinstance(name, str) and DNS_SUBDOMAIN.match(name) and len(name) <= MAX_SUBDOMAIN:
+            names.append(name)
+    return names

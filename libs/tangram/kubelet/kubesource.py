@@ -25,7 +25,13 @@ from tangram.dra.model import Device
 from tangram.events import AllocatedDevice, MigPlacement, PartitionAction, PartitionRequested, subject_token
 from tangram.events.ids import command_event_id, partition_command_id
 from tangram.kubelet.allocations import AllocationUnavailable, InMemoryAllocationSource, Pending
-from tangram.kubelet.claimstatus import ClaimAllocation, ClaimRefused, check_topology, read_allocation
+from tangram.kubelet.claimstatus import (
+    ClaimAllocation,
+    ClaimRefused,
+    check_topology,
+    read_allocation,
+    reserved_pods,
+)
 from tangram.kubernetes.api import KubeApiError, call_json
 
 log = logging.getLogger("tangram.kubelet.kubesource")
@@ -97,7 +103,7 @@ class KubeAllocationSource:
             await self._send(command)
         remaining = max(deadline - loop.time(), 0.0)
         resolved = await self._view.resolve_devices(claim, devices, timeout_s=remaining)
-        return msgspec.structs.replace(resolved, imex=imex_grant(allocation.imex))
+        return msgspec.structs.replace(resolved, imex=imex_grant(allocation.imex), pods=reserved_pods(obj))
 
     def _plan(
         self, claim: ClaimRef, allocation: ClaimAllocation
