@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck layers unit venv proto clean schema chromium controlplane helm manifests test-kubernetes
+.PHONY: demo test lint typecheck layers unit venv proto clean schema chromium prometheus controlplane helm manifests test-kubernetes
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,7 +27,7 @@ typecheck: $(STAMP)
 layers: $(STAMP)
 	$(BIN)/lint-imports
 
-unit: $(STAMP) chromium controlplane helm
+unit: $(STAMP) chromium prometheus controlplane helm
 	$(BIN)/pytest -q
 
 # The web view's screenshot test drives headless Chromium (Debian's package). Installed once, as
@@ -36,6 +36,12 @@ chromium:
 	@command -v chromium >/dev/null 2>&1 || { \
 		apt-get update -qq >/dev/null && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+# The telemetry tests run a real Prometheus and promtool (Debian's package), installed the same way.
+prometheus:
+	@command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || { \
+		apt-get update -qq >/dev/null && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
 
 # The Kubernetes control plane the tests run (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler in one Go program, tools/controlplane/), for the newest Kubernetes and the oldest

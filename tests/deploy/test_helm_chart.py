@@ -38,6 +38,7 @@ VALUE_SETS: dict[str, list[Path]] = {
 EVERYTHING = {
     "namespace.create": "true",
     "metrics.serviceMonitor.enabled": "true",
+    "metrics.prometheusRule.enabled": "true",
     "grafana.dashboard.enabled": "true",
     "openshift.enabled": "true",
     "nats.tls.caConfigMap": "nats-ca",
@@ -66,6 +67,7 @@ WEBHOOK_SETS = set(ALL_SETS) - {"admission-policy"}
 CRD_KINDS = {
     ("security.openshift.io/v1", "SecurityContextConstraints"),
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
 }
 WORKLOADS = ("Deployment", "DaemonSet", "StatefulSet", "Job")
 NODE_HOST_PATHS = {

@@ -40,4 +40,3 @@ class NodeAddresses:
             status = node.status
             found.append(preferred_address(name, (status.addresses if status is not None else None) or []))
         return found
-
