@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -11,12 +12,13 @@ import socket
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 import yaml
 from prometheus_client import Counter, Gauge, Histogram
 
 from services.allocator.settings import AllocatorSettings
+from services.allocator.waiting import WaitingClaims
 from tangram.allocation import DeviceClass, FleetState
 from tangram.allocation.ledger import Ledger
 from tangram.bus import (
@@ -34,6 +36,7 @@ from tangram.events import (
     ClaimFailed,
     ClaimRequested,
     Event,
+    FailureCause,
     PartitionApplied,
     PartitionFailed,
 )
@@ -54,6 +57,14 @@ DECISION_SECONDS = Histogram(
 REBUILD_EVENTS = Gauge("tangram_allocator_rebuild_events", "Events folded at the last start")
 REBUILD_SECONDS = Gauge("tangram_allocator_rebuild_seconds", "Time the last rebuild took")
 FREE_GPUS = Gauge("tangram_allocator_free_gpus", "Whole GPUs with nothing allocated")
+LEADER = Gauge("tangram_allocator_leader", "1 while this allocator leads (decides), else 0")
+WAITING = Gauge(
+    "tangram_allocator_waiting_claims", "Claims whose latest decision failed, by its cause", ["cause"]
+)
+OLDEST_WAITING = Gauge(
+    "tangram_allocator_oldest_waiting_claim_seconds",
+    "How long the claim waiting longest has waited since its first failed decision (this leader's)",
+)
 STRANDED_GPUS = Gauge(
     "tangram_allocator_stranded_gpus",
     "Free capacity, in GPUs, on partially used GPUs: no whole-GPU claim can use it",
@@ -176,9 +187,11 @@ async def run(ctx: ServiceContext, settings: AllocatorSettings) -> None:
 async def lead(ctx: ServiceContext, settings: AllocatorSettings, lease: LeaderLease) -> None:
     # Renewals start with the lease, not after the rebuild: a long log must not let it expire.
     tasks = [asyncio.create_task(lease.hold(ctx.stop))]
+    LEADER.set(1)
     try:
         await first(_serve(ctx, settings, tasks, holder=lease.holder), tasks)
     finally:
+        LEADER.set(0)
         ctx.stop.set()
         await settle(tasks)
 
@@ -196,6 +209,10 @@ async def _serve(
     # decision itself at hundreds of nodes.
     FREE_GPUS.set_function(lambda: ledger.fleet.metrics().free_gpus)
     STRANDED_GPUS.set_function(lambda: ledger.fleet.metrics().stranded_gpus)
+    waiting = WaitingClaims()
+    for cause in get_args(FailureCause):
+        WAITING.labels(cause).set_function(functools.partial(waiting.count, cause))
+    OLDEST_WAITING.set_function(waiting.oldest_s)
     # The fleet state is long-lived: move it out of the collector's way so that full collections
     # do not walk it (a pause of hundreds of ms at 1,000 nodes) in the middle of decisions.
     gc.collect()
@@ -224,6 +241,7 @@ async def _serve(
                 raise Poison(unanswered)
         started = time.perf_counter()
         outputs = ledger.apply(event)
+        waiting.observe(event, outputs)
         if isinstance(event, ClaimRequested) and event.allocation is None and outputs:
             DECISION_SECONDS.observe(time.perf_counter() - started)
             outcome = "allocated" if any(isinstance(o, ClaimAllocated) for o in outputs) else "failed"

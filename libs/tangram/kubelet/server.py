@@ -12,6 +12,7 @@ from types import TracebackType
 import grpc
 
 from tangram.kubelet.config import PluginConfig
+from tangram.kubelet.devicemetrics import CLAIM_DEVICES
 from tangram.kubelet.health import HealthBoard
 from tangram.kubelet.preparer import ClaimPreparer
 from tangram.kubelet.proto import (
@@ -85,8 +86,10 @@ class KubeletPlugin:
         self._dra_server = await self._serve_dra()
         await self._serve_registration()
         self._watch_task = asyncio.create_task(self._watch_registration(), name="kubelet-registration-watch")
+        CLAIM_DEVICES.watch(self, self.config.node_name, lambda: self.preparer.prepared_claims)
 
     async def stop(self) -> None:
+        CLAIM_DEVICES.forget(self)
         if self._watch_task is not None:
             self._watch_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

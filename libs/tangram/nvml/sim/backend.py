@@ -26,6 +26,11 @@ from tangram.nvml.sim.state import (
 )
 
 MIB = 1024 * 1024
+# The simulator's power model: every GPU draws a tenth of a 700 W limit idle, the rest as its
+# processes keep it busy (an H100 or H200 SXM's limit; what the telemetry tests need is that busier
+# GPUs draw more).
+SIM_POWER_LIMIT_W = 700
+IDLE_POWER_SHARE = 0.1
 _NO_ID = 0xFFFFFFFF
 _FABRIC_STATES = {
     "not-started": pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED,
@@ -211,6 +216,27 @@ class SimNvml(SimHooks):
             memory = pynvml.c_nvmlMemory_t()
             memory.total, memory.used, memory.free = total * MIB, used * MIB, max(total - used, 0) * MIB
             return memory
+
+    def nvmlDeviceGetUtilizationRates(self, device: Any) -> Any:
+        """Not supported on a MIG device nor on a GPU in MIG mode, as on real GPUs."""
+        d = self._gpu_index(device, mig_ok=True)
+        with self._op("nvmlDeviceGetUtilizationRates") as state:
+            gpu = self._alive(state, d.gpu)
+            if d.kind == handles.MIG_DEVICE or gpu.mig_current == pynvml.NVML_DEVICE_MIG_ENABLE:
+                raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+            busy = min(100, sum(p.sm_percent for p in gpu.processes))
+            rates = pynvml.c_nvmlUtilization_t()
+            rates.gpu, rates.memory = busy, busy // 2
+            return rates
+
+    def nvmlDeviceGetPowerUsage(self, device: Any) -> int:
+        """Milliwatts: an idle floor plus the share of the power limit its processes keep busy."""
+        d = self._gpu_index(device)
+        with self._op("nvmlDeviceGetPowerUsage") as state:
+            gpu = self._alive(state, d.gpu)
+            busy = min(100, sum(p.sm_percent for p in gpu.processes)) / 100
+            limit_mw = SIM_POWER_LIMIT_W * 1000
+            return int(limit_mw * (IDLE_POWER_SHARE + (1 - IDLE_POWER_SHARE) * busy))
 
     def nvmlDeviceGetCudaComputeCapability(self, device: Any) -> tuple[int, int]:
         d = self._gpu_index(device, mig_ok=True)

@@ -29,8 +29,12 @@ class SimHooks:
         gpu_instance_id: int | None = None,
         compute_instance_id: int | None = None,
         used_mib: int = 1024,
+        sm_percent: int = 0,
     ) -> int:
-        """Start a fake compute process on a GPU (MIG off) or on a MIG device; returns its pid."""
+        """Start a fake compute process on a GPU (MIG off) or on a MIG device, keeping it
+        `sm_percent` busy; returns its pid."""
+        if not 0 <= sm_percent <= 100:
+            raise ValueError(f"sm_percent {sm_percent} is not a percentage")
         with self._sim_state() as state:
             sim_gpu = state.gpus[gpu]
             if sim_gpu.mig_current == pynvml.NVML_DEVICE_MIG_ENABLE:
@@ -47,9 +51,20 @@ class SimHooks:
                     used_mib=used_mib,
                     gpu_instance_id=gpu_instance_id,
                     compute_instance_id=compute_instance_id,
+                    sm_percent=sm_percent,
                 )
             )
             return pid
+
+    def sim_engine_activity(self, gpu: int, gpu_instance_id: int | None = None) -> float:
+        """The share of time the graphics engine of a GPU, or of one of its GPU instances, is busy
+        (0-1): what DCGM's profiling reports (`DCGM_FI_PROF_GR_ENGINE_ACTIVE`), which NVML does
+        not. A MIG device's is its processes' alone."""
+        with self._store.transaction() as txn:
+            processes = txn.state.gpus[gpu].processes
+            if gpu_instance_id is not None:
+                processes = [p for p in processes if p.gpu_instance_id == gpu_instance_id]
+            return min(100, sum(p.sm_percent for p in processes)) / 100
 
     def sim_detach_process(self, pid: int) -> None:
         with self._sim_state() as state:

@@ -44,6 +44,7 @@ class SimProcess(msgspec.Struct, kw_only=True):
     used_mib: int
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
+    sm_percent: int = 0  # how busy it keeps its GPU (or MIG device): what utilization reports
 
 
 class SimGpu(msgspec.Struct, kw_only=True):
