@@ -20,6 +20,7 @@ import pytest
 import yaml
 from kubernetes_asyncio.client import CoreV1Api, V1Namespace, V1ObjectMeta
 
+from tangram.kubelet.devicemetrics import INFO_NAME
 from tangram.kubernetes.api import call
 from tangram.local import helm as chart
 from tangram.local.controlplane import Release
@@ -830,6 +831,11 @@ def test_the_partitioner_does_not_talk_to_kubernetes() -> None:
 # --- metrics ---------------------------------------------------------------------------------
 
 
+# A series name of Tangram's: a metric (tangram_...) or a recorded one (level:tangram_...:operation)
+_TANGRAM_SERIES = re.compile(r"\b(?:[a-z_]+:)?tangram_[a-z_]+(?::[a-z_]+)?")
+RULES = ROOT / "deploy" / "helm" / "tangram" / "files" / "prometheus" / "tangram.rules.yaml"
+
+
 def _defined_metrics() -> dict[str, str]:
     pattern = re.compile(r"\b(Counter|Gauge|Histogram)\(\s*\"(tangram_[a-z_]+)\"")
     found: dict[str, str] = {}
@@ -853,12 +859,18 @@ def test_the_dashboard_uses_only_metrics_the_services_export(
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
     dashboard = json.loads(configmap["data"]["tangram.json"])
     exported = {s for name, kind in _defined_metrics().items() for s in _series(name, kind)}
+    exported.add(INFO_NAME)  # a collector's family, read from the prepared claims at each scrape
+    rules = yaml.safe_load(RULES.read_text())["groups"]
+    recorded = {r["record"] for g in rules for r in g["rules"] if "record" in r}
+    for rule in (r for g in rules for r in g["rules"]):
+        used = set(_TANGRAM_SERIES.findall(rule["expr"]))
+        assert used and used <= exported | recorded, (rule.get("record") or rule["alert"], used - exported)
     titles = set()
     for panel in dashboard["panels"]:
         titles.add(panel["title"])
         for target in panel["targets"]:
-            used = set(re.findall(r"\btangram_[a-z_]+", target["expr"]))
-            assert used and used <= exported, (panel["title"], used - exported)
+            used = set(_TANGRAM_SERIES.findall(target["expr"]))
+            assert used and used <= exported | recorded, (panel["title"], used - exported - recorded)
     for wanted in (
         "Claims decided, by outcome",
         "Decision latency",
@@ -866,6 +878,10 @@ def test_the_dashboard_uses_only_metrics_the_services_export(
         "Prepare latency",
         "Free GPUs",
         "Stranded GPUs",
+        "GPU engine activity, by namespace",
+        "GPU engine activity, by pod",
+        "MIG layout over time",
+        "Claims waiting, by cause",
     ):
         assert wanted in titles
 
