@@ -10,10 +10,14 @@ is gone its series are gone too.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -37,12 +41,14 @@ from tests.e2e.kubecluster import (
 )
 from tests.support.polling import until
 from tests.support.prometheus import Prometheus
+from tests.support.webview import UiProcess, chromium
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.controlplane]
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "helm" / "tangram" / "files" / "prometheus" / "tangram.rules.yaml"
 DASHBOARD = ROOT / "deploy" / "helm" / "tangram" / "files" / "dashboards" / "tangram.json"
+DOCS_SCREENSHOT = ROOT / "docs" / "gpu-use.png"
 # Targets that stay empty for this workload: nothing failed, nothing waits.
 EMPTY = {
     "sum by (action, nvml_error) (rate(tangram_partition_failures_total[$__rate_interval]))",
@@ -197,6 +203,26 @@ async def test_each_pod_shows_its_own_gpu_use_and_every_panel_answers(
                 }
             if "tangram_mig_instances" in expr:
                 assert any(r["metric"].get("profile") == "1g.18gb" for r in result), result
+
+    # what a person looks at: `tangram ui --prometheus-url`, pictured by headless Chromium
+    async with UiProcess(node.cluster.urls[0], "--prometheus-url", prometheus.url) as ui:
+        dom = await asyncio.to_thread(chromium, "--dump-dom", ui.url + "gpu-use")
+        assert dom.returncode == 0, dom.stderr[-2000:]
+        page = dom.stdout
+        for pod_name, busy in (("train", "30%"), ("infer", "70%")):
+            row = page.split(f'<tr data-pod="{ns}/{pod_name}">', 1)[1].split("</tr>", 1)[0]
+            assert busy in row, row
+        assert "1g.18gb" in page and f'<tr data-namespace="{ns}"><td>{ns}</td><td>1.00</td></tr>' in page
+        shot = Path(tempfile.mkdtemp(prefix="tgm-shot-")) / "gpu-use.png"
+        taken = await asyncio.to_thread(
+            chromium, f"--screenshot={shot}", "--window-size=1280,520", ui.url + "gpu-use"
+        )
+        assert taken.returncode == 0, taken.stderr[-2000:]
+    png = shot.read_bytes()
+    shutil.rmtree(shot.parent)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    if os.environ.get("TANGRAM_UPDATE_SCREENSHOT") == "1":
+        DOCS_SCREENSHOT.write_bytes(png)
 
     # a pod gone leaves no series behind
     await node.core.delete_namespaced_pod("infer", ns, grace_period_seconds=0)

@@ -5,10 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import aiohttp
@@ -17,6 +14,7 @@ import pytest
 from tangram.bus import Bus
 from tangram.local.natsserver import NatsServer
 from tests.fleetview.pictures import NODE, fleet_events
+from tests.support.webview import UiProcess, chromium
 
 DOCS_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "ui.png"
 
@@ -70,37 +68,7 @@ async def test_status_names_an_unreachable_bus() -> None:
     assert code == 2 and "cannot connect to NATS at nats://127.0.0.1:1" in err
 
 
-class UiProcess:
-    def __init__(self, nats_url: str) -> None:
-        self.nats_url = nats_url
-        self.process: asyncio.subprocess.Process | None = None
-        self.url = ""
-
-    async def __aenter__(self) -> UiProcess:
-        self.process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "tangram.cli",
-            "ui",
-            "--listen",
-            "127.0.0.1:0",
-            "--nats-url",
-            self.nats_url,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        assert self.process.stdout is not None
-        line = (await asyncio.wait_for(self.process.stdout.readline(), 30)).decode()
-        assert line.startswith("tangram ui: serving http://127.0.0.1:"), line
-        self.url = line.split("serving ", 1)[1].strip()
-        return self
-
-    async def __aexit__(self, *_: object) -> None:
-        assert self.process is not None
-        self.process.terminate()
-        await asyncio.wait_for(self.process.wait(), 20)
-        assert self.process.returncode == 0
-
+class FleetUi(UiProcess):
     async def until_shown(self, session: aiohttp.ClientSession, claims: int) -> dict[str, object]:
         """The fleet as served, once the follower has folded what the bus holds."""
         for _ in range(200):
@@ -114,7 +82,7 @@ class UiProcess:
 
 async def test_the_web_view_is_read_only_and_loopback(bus: Bus, nats_server: NatsServer) -> None:
     await publish_fleet(bus)
-    async with UiProcess(nats_server.url) as ui, aiohttp.ClientSession() as session:
+    async with FleetUi(nats_server.url) as ui, aiohttp.ClientSession() as session:
         await ui.until_shown(session, claims=4)
         for path in ("", "api/fleet", "api/stream", "no-such-page"):
             for method in ("POST", "PUT", "DELETE", "PATCH"):
@@ -130,7 +98,7 @@ async def test_the_web_view_follows_the_bus_live(bus: Bus, nats_server: NatsServ
     events = fleet_events()
     inventory, claims = events[0], events[1:]
     await bus.publish(inventory)
-    async with UiProcess(nats_server.url) as ui, aiohttp.ClientSession() as session:
+    async with FleetUi(nats_server.url) as ui, aiohttp.ClientSession() as session:
         async with session.get(ui.url + "api/stream") as stream:
             pictures = _data(stream)
             # The follower folds the stored inventory, then pushes: wait for the node to show.
@@ -158,36 +126,10 @@ async def _data(response: aiohttp.ClientResponse):  # type: ignore[no-untyped-de
             yield json.loads(line[len("data: ") :])
 
 
-def chromium(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    binary = shutil.which("chromium")
-    assert binary is not None, "chromium is missing: `make test` installs it (apt-get install chromium)"
-    with tempfile.TemporaryDirectory(prefix="tangram-chromium-") as profile:
-        return subprocess.run(
-            [
-                binary,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--disable-dev-shm-usage",
-                f"--user-data-dir={profile}",
-                *args,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-
-
 @pytest.mark.timeout(240)
 async def test_the_web_view_in_headless_chromium(bus: Bus, nats_server: NatsServer, tmp_path: Path) -> None:
     await publish_fleet(bus)
-    async with UiProcess(nats_server.url) as ui, aiohttp.ClientSession() as session:
+    async with FleetUi(nats_server.url) as ui, aiohttp.ClientSession() as session:
         await ui.until_shown(session, claims=4)
         dom = await asyncio.to_thread(chromium, "--dump-dom", ui.url)
         assert dom.returncode == 0, dom.stderr[-2000:]

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from tangram.bus import Bus
 from tangram.fleetview.collect import follow, services
+from tangram.fleetview.gpuuse import GpuUse, PrometheusError, read_gpu_use, render
 from tangram.fleetview.model import FleetView
 
 DEFAULT_LISTEN = "127.0.0.1:8484"
@@ -37,10 +38,11 @@ async def read_only(request: web.Request, handler: Handler) -> web.StreamRespons
 
 
 class FleetWeb:
-    def __init__(self, bus: Bus, view: FleetView | None = None) -> None:
+    def __init__(self, bus: Bus, view: FleetView | None = None, *, prometheus_url: str | None = None) -> None:
         self.bus = bus
         self.view = view or FleetView()
         self.version = 0  # bumped on every event; each viewer pushes when it moved
+        self.prometheus_url = prometheus_url  # per-pod GPU use at /gpu-use, when given
 
     def changed(self, _: object = None) -> None:
         self.version += 1
@@ -56,13 +58,29 @@ class FleetWeb:
         app.router.add_get("/api/fleet", self._fleet)
         app.router.add_get("/api/stream", self._stream)
         app.router.add_get("/healthz", self._healthz)
+        if self.prometheus_url is not None:
+            app.router.add_get("/gpu-use", self._gpu_use)
         return app
+
+    async def _gpu_use(self, _: web.Request) -> web.Response:
+        assert self.prometheus_url is not None
+        try:
+            use, error = await read_gpu_use(self.prometheus_url), ""
+        except PrometheusError as problem:
+            use, error = GpuUse(), str(problem)
+        return web.Response(
+            text=render(use, self.prometheus_url, error),
+            content_type="text/html",
+            status=502 if error else 200,
+        )
 
     async def _page(self, _: web.Request) -> web.Response:
         template = resources.files("tangram.fleetview").joinpath("page.html").read_text()
         # Inlined as JSON in a script element: "</" must not close it early.
         initial = json.dumps(await self.picture()).replace("</", "<\\/")
-        return web.Response(text=template.replace("__INITIAL__", initial), content_type="text/html")
+        link = '<a href="/gpu-use">GPU use by pod</a>' if self.prometheus_url is not None else ""
+        page = template.replace("__GPU_USE_LINK__", link).replace("__INITIAL__", initial)
+        return web.Response(text=page, content_type="text/html")
 
     async def _fleet(self, _: web.Request) -> web.Response:
         return web.json_response(await self.picture())
@@ -90,9 +108,17 @@ class FleetWeb:
             quiet += PUSH_INTERVAL_S
 
 
-async def serve(bus: Bus, host: str, port: int, *, stop: asyncio.Event, ready: Callable[[str], None]) -> None:
+async def serve(
+    bus: Bus,
+    host: str,
+    port: int,
+    *,
+    stop: asyncio.Event,
+    ready: Callable[[str], None],
+    prometheus_url: str | None = None,
+) -> None:
     """Follow the bus and serve the view until `stop` is set; `ready` gets the URL once listening."""
-    fleet_web = FleetWeb(bus)
+    fleet_web = FleetWeb(bus, prometheus_url=prometheus_url)
     runner = web.AppRunner(fleet_web.app(), handle_signals=False, shutdown_timeout=1.0)
     await runner.setup()
     listener = _listen(host, port)
