@@ -7,6 +7,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import msgspec
+
 from services.allocator.service import run
 from services.allocator.settings import AllocatorSettings
 from tangram.allocation import DeviceClass
@@ -17,6 +19,7 @@ from tangram.events import (
     ClaimFailed,
     ClaimRequested,
     Event,
+    GangMember,
     NodeHardware,
     NodeInventory,
     PartitionApplied,
@@ -113,3 +116,15 @@ async def log_until(
 
 def decisions(events: list[Event]) -> list[Event]:
     return [e for e in events if isinstance(e, ClaimAllocated | ClaimFailed)]
+
+
+def member(
+    n: int, group: str, size: int, count: int = 4, *, nvlink: bool = False, attempt: int = 0
+) -> ClaimRequested:
+    """Claim n of a pod of `group` (`size` pods), asking `count` whole GPUs."""
+    gang = GangMember(group=group, size=size, pod=f"{group}-pod-{n}", nvlink_domain=nvlink)
+    return msgspec.structs.replace(request(n, gpus(count)), gang=gang, attempt=attempt)
+
+
+def of(kind: type, outputs: list[Event]) -> list:
+    return [o for o in outputs if isinstance(o, kind)]

@@ -10,8 +10,7 @@ from tangram.allocation import FleetState
 from tangram.allocation.ledger import Ledger
 from tangram.events import ClaimAllocated, ClaimFailed, ClaimPreempting, ClaimReleased, ClaimRequested, Event
 
-from .helpers import CLASSES, gpus, inventory, request
-from .test_gangs import member, of
+from .helpers import CLASSES, gpus, inventory, member, of, request
 
 
 def ledger() -> Ledger:

@@ -13,7 +13,6 @@ from tangram.events import (
     ClaimAllocated,
     ClaimFailed,
     ClaimReleased,
-    ClaimRequested,
     Event,
     GangMember,
     NodeInventory,
@@ -21,18 +20,11 @@ from tangram.events import (
 )
 from tangram.events.inventory import renamed_machine
 
-from .helpers import CLASSES, gpus, hardware, inventory, request
+from .helpers import CLASSES, gpus, hardware, inventory, member, of, request
 
 
 def ledger() -> Ledger:
     return Ledger(fleet=FleetState(), classes=CLASSES)
-
-
-def member(
-    n: int, group: str, size: int, count: int = 4, *, nvlink: bool = False, attempt: int = 0
-) -> ClaimRequested:
-    gang = GangMember(group=group, size=size, pod=f"{group}-pod-{n}", nvlink_domain=nvlink)
-    return msgspec.structs.replace(request(n, gpus(count)), gang=gang, attempt=attempt)
 
 
 def released(n: int) -> ClaimReleased:
@@ -46,10 +38,6 @@ def tray(node: str, clique: str | None, *, degraded: bool = False) -> NodeInvent
     gpus = [msgspec.structs.replace(g, clique_id=clique, fabric_degraded=degraded) for g in hw.gpus]
     hw = msgspec.structs.replace(hw, gpus=gpus)
     return NodeInventory(key=subject_token(node), hardware=hw)
-
-
-def of(kind: type, outputs: list[Event]) -> list:
-    return [o for o in outputs if isinstance(o, kind)]
 
 
 def held(book: Ledger) -> dict[str, str]:

@@ -13,6 +13,8 @@ import aiohttp
 from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
 
 from tangram.kubernetes.api import KubeApiError, call
+from tangram.kubernetes.objects.gangs import GANG_LABEL, GANG_SIZE_ANNOTATION
+from tangram.kubernetes.objects.names import SCHEDULING_GATE
 from tangram.local.clusterup import install_device_classes
 from tangram.local.controlplane import ControlPlane, register_node
 from tangram.local.kubelet import NodeKubelet
@@ -233,3 +235,39 @@ def gpus_template(name: str, namespace: str, count: int) -> dict[str, Any]:
         },
     }
     return template(name, namespace, {"devices": {"requests": [request]}})
+
+
+async def gang_member(
+    node: Node, name: str, gpus: int, group: str | None, size: int, *, gated: bool = True
+) -> None:
+    """A pod of `gpus` whole GPUs in `group` of `size` pods (alone when `group` is None)."""
+    ns = node.namespace
+    await node.resource.create_namespaced_resource_claim_template(ns, gpus_template(name, ns, gpus))
+    manifest = pod(
+        name,
+        ns,
+        None,
+        {"gpus": {"resourceClaimTemplateName": name}},
+        gates=[SCHEDULING_GATE] if gated else [],
+    )
+    if group is not None:
+        manifest["metadata"]["labels"] = {GANG_LABEL: group}
+        manifest["metadata"]["annotations"] = {GANG_SIZE_ANNOTATION: str(size)}
+    await node.core.create_namespaced_pod(ns, manifest)
+
+
+async def pod_events(node: Node, pod_name: str, reason: str) -> list[str]:
+    found = await node.core.list_namespaced_event(node.namespace)
+    return [
+        str(e.message)
+        for e in found.items
+        if e.reason == reason and e.involved_object.kind == "Pod" and e.involved_object.name == pod_name
+    ]
+
+
+async def pod_gone(node: Node, name: str) -> bool:
+    try:
+        await node.core.read_namespaced_pod(name, node.namespace)
+    except Exception:
+        return True
+    return False

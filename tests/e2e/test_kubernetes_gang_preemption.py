@@ -17,8 +17,16 @@ from tangram.kubernetes.objects.names import SCHEDULING_GATE
 from tangram.kubernetes.objects.preempting import PREEMPTED_REASON
 from tangram.local.controlplane import ControlPlane
 from tangram.local.processes import SimNode
-from tests.e2e.kubecluster import Node, gpus_template, pod, started_fleet, until, wait_for_pod
-from tests.e2e.test_kubernetes_preemption import events, pod_gone
+from tests.e2e.kubecluster import (
+    Node,
+    gpus_template,
+    pod,
+    pod_events,
+    pod_gone,
+    started_fleet,
+    until,
+    wait_for_pod,
+)
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.controlplane]
 
@@ -68,5 +76,5 @@ async def test_a_high_priority_group_preempts_a_pod_on_each_of_two_nodes_and_run
     assert placed == batch_nodes
     for i in (1, 2):
         assert await until(f"batch-{i} evicted", lambda i=i: pod_gone(first, f"batch-{i}"))
-        [message] = await events(first, f"batch-{i}", PREEMPTED_REASON)
+        [message] = await pod_events(first, f"batch-{i}", PREEMPTED_REASON)
         assert "priority 1000" in message, message

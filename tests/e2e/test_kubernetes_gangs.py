@@ -14,10 +14,19 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import CustomObjectsApi
 
-from tangram.kubernetes.objects.gangs import GANG_LABEL, GANG_SIZE_ANNOTATION
 from tangram.kubernetes.objects.names import SCHEDULING_GATE
 from tangram.local.controlplane import NEWEST, ControlPlane
-from tests.e2e.kubecluster import Node, claim_of, gpus_template, pod, started_node, until, wait_for_pod, why
+from tests.e2e.kubecluster import (
+    Node,
+    claim_of,
+    gang_member,
+    gpus_template,
+    pod,
+    started_node,
+    until,
+    wait_for_pod,
+    why,
+)
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.controlplane]
 
@@ -26,25 +35,6 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.controlplane]
 async def node(controlplane: ControlPlane, kube: Any, unique: str) -> AsyncIterator[Node]:
     async with started_node(controlplane, kube, unique, decide=True) as started:
         yield started
-
-
-async def member(
-    node: Node, name: str, gpus: int, group: str | None, size: int, *, gated: bool = True
-) -> None:
-    """A pod of `gpus` whole GPUs in `group` of `size` pods (alone when `group` is None)."""
-    ns = node.namespace
-    await node.resource.create_namespaced_resource_claim_template(ns, gpus_template(name, ns, gpus))
-    manifest = pod(
-        name,
-        ns,
-        None,
-        {"gpus": {"resourceClaimTemplateName": name}},
-        gates=[SCHEDULING_GATE] if gated else [],
-    )
-    if group is not None:
-        manifest["metadata"]["labels"] = {GANG_LABEL: group}
-        manifest["metadata"]["annotations"] = {GANG_SIZE_ANNOTATION: str(size)}
-    await node.core.create_namespaced_pod(ns, manifest)
 
 
 async def allocated(node: Node, name: str) -> bool:
@@ -90,12 +80,12 @@ async def devices(node: Node, name: str) -> set[str]:
 
 
 async def test_a_group_of_four_runs_only_when_all_four_fit_never_partly(node: Node) -> None:
-    await member(node, "filler", 4, None, 1)
+    await gang_member(node, "filler", 4, None, 1)
     await devices(node, "filler")
     # 3 GPUs free: three of the four 1-GPU pods would fit, and none may hold one
     names = [f"train-{i}" for i in range(4)]
     for name in names:
-        await member(node, name, 1, "train", 4)
+        await gang_member(node, name, 1, "train", 4)
     message = await said(node, names[0], "TangramUnschedulable", "do not all fit")
     assert "group train: its 4 claims do not all fit on the fleet at once, so none is allocated" in message
     for name in names:
@@ -112,7 +102,7 @@ async def test_two_groups_that_cannot_both_fit_do_not_deadlock(node: Node) -> No
     """Pods of two groups of two 3-GPU pods arrive interleaved on 7 GPUs: one group runs whole,
     the other waits holding nothing, and runs once the first is gone."""
     for name, group in (("a-0", "a"), ("b-0", "b"), ("a-1", "a"), ("b-1", "b")):
-        await member(node, name, 3, group, 2)
+        await gang_member(node, name, 3, group, 2)
 
     async def one_group_running() -> str | None:
         for group in ("a", "b"):
@@ -141,10 +131,10 @@ async def test_kube_scheduler_alone_places_two_groups_pod_by_pod_and_both_wait_f
     waits, and neither group can ever run whole: a deadlock only deleting a group ends."""
     async with started_node(controlplane, kube, unique) as node:
         for name, group in (("a-0", "a"), ("b-0", "b")):
-            await member(node, name, 3, group, 2, gated=False)
+            await gang_member(node, name, 3, group, 2, gated=False)
             await wait_for_pod(node, name, "Running")
         for name, group in (("a-1", "a"), ("b-1", "b")):
-            await member(node, name, 3, group, 2, gated=False)
+            await gang_member(node, name, 3, group, 2, gated=False)
         for name in ("a-1", "b-1"):
 
             async def refused(name: str = name) -> bool:

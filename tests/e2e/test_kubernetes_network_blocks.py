@@ -17,8 +17,7 @@ import pytest
 from services.discovery.topology import NETWORK_BLOCK_LABEL
 from tangram.local.controlplane import ControlPlane
 from tangram.local.processes import SimNode
-from tests.e2e.kubecluster import Node, started_fleet, wait_for_pod
-from tests.e2e.test_kubernetes_gangs import member
+from tests.e2e.kubecluster import Node, gang_member, started_fleet, wait_for_pod
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.controlplane]
 
@@ -38,6 +37,6 @@ async def test_a_group_of_pods_lands_under_one_network_block(fleet: list[Node]) 
     first = fleet[0]
     suffix = first.namespace.rsplit("-", 1)[-1]
     for i in (1, 2):
-        await member(first, f"train-{i}", 7, "train", 2)
+        await gang_member(first, f"train-{i}", 7, "train", 2)
     placed = sorted([(await wait_for_pod(first, f"train-{i}", "Running")).spec.node_name for i in (1, 2)])
     assert placed == [f"n1-{suffix}", f"n3-{suffix}"]

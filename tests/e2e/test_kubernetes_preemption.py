@@ -19,7 +19,17 @@ from kubernetes_asyncio.client import PolicyV1Api, SchedulingV1Api
 from tangram.kubernetes.api import KubeApiError
 from tangram.kubernetes.objects.names import SCHEDULING_GATE
 from tangram.local.controlplane import ControlPlane
-from tests.e2e.kubecluster import Node, claim_of, gpus_template, pod, started_node, until, wait_for_pod
+from tests.e2e.kubecluster import (
+    Node,
+    claim_of,
+    gpus_template,
+    pod,
+    pod_events,
+    pod_gone,
+    started_node,
+    until,
+    wait_for_pod,
+)
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.controlplane]
 
@@ -62,18 +72,9 @@ async def devices_of(node: Node, name: str) -> set[str]:
     return {r["device"] for r in claim["status"]["allocation"]["devices"]["results"]}
 
 
-async def events(node: Node, pod_name: str, reason: str) -> list[str]:
-    found = await node.core.list_namespaced_event(node.namespace)
-    return [
-        str(e.message)
-        for e in found.items
-        if e.reason == reason and e.involved_object.kind == "Pod" and e.involved_object.name == pod_name
-    ]
-
-
 async def said(node: Node, pod_name: str, reason: str) -> str:
     async def first() -> str | None:
-        messages = await events(node, pod_name, reason)
+        messages = await pod_events(node, pod_name, reason)
         return messages[0] if messages else None
 
     message: str = await until(f"a {reason} Event on pod {pod_name}", first)
@@ -83,14 +84,6 @@ async def said(node: Node, pod_name: str, reason: str) -> str:
 async def still_gated(node: Node, name: str) -> bool:
     found = await node.core.read_namespaced_pod(name, node.namespace)
     return [g.name for g in found.spec.scheduling_gates or []] == [SCHEDULING_GATE]
-
-
-async def pod_gone(node: Node, name: str) -> bool:
-    try:
-        await node.core.read_namespaced_pod(name, node.namespace)
-    except Exception:
-        return True
-    return False
 
 
 async def test_a_high_priority_pod_preempts_the_cheapest_victim_a_budget_allows_and_runs_on_its_devices(
@@ -130,7 +123,7 @@ async def test_a_high_priority_pod_preempts_the_cheapest_victim_a_budget_allows_
     assert len(urgent) == 3 and urgent <= batch, (urgent, batch)
     assert await pod_gone(node, "batch")
     assert await devices_of(node, "kept") == kept  # untouched, still running
-    assert not await events(node, "kept", "TangramPreempted")
+    assert not await pod_events(node, "kept", "TangramPreempted")
 
 
 async def test_under_contention_the_highest_priority_waiting_is_placed_first(node: Node) -> None:
@@ -167,7 +160,7 @@ async def test_a_priority_written_into_the_pod_spec_by_hand_is_refused_and_preem
         await node.core.create_namespaced_pod(ns, manifest)
     assert "403" in str(refused.value) or "Forbidden" in str(refused.value)
     assert len(await devices_of(node, "victim")) == 7
-    assert not await events(node, "victim", "TangramPreempted")
+    assert not await pod_events(node, "victim", "TangramPreempted")
 
 
 async def test_kube_scheduler_alone_preempts_nothing_for_a_device_claim(
