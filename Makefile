@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck layers unit venv proto clean schema chromium prometheus controlplane helm manifests test-kubernetes
+.PHONY: demo test lint typecheck layers unit venv proto clean schema chromium prometheus controlplane helm monitoring-crds manifests test-kubernetes
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,7 +27,7 @@ typecheck: $(STAMP)
 layers: $(STAMP)
 	$(BIN)/lint-imports
 
-unit: $(STAMP) chromium prometheus controlplane helm
+unit: $(STAMP) chromium prometheus controlplane helm monitoring-crds
 	$(BIN)/pytest -q
 
 # The web view's screenshot test drives headless Chromium (Debian's package). Installed once, as
@@ -55,13 +55,20 @@ controlplane: $(STAMP)
 helm: $(STAMP)
 	@$(BIN)/python -m tangram.local.helm build
 
+# The Prometheus Operator's ServiceMonitor and PrometheusRule CRDs, which the tests install into the
+# control plane to validate the chart's objects: taken from its Go module
+# (github.com/prometheus-operator/prometheus-operator) once per version into
+# ~/.cache/tangram/prometheus-operator/ (or $$XDG_CACHE_HOME); needs Go and the module proxy.
+monitoring-crds: $(STAMP)
+	@$(BIN)/python -m tangram.local.monitoringcrds fetch
+
 # deploy/kubernetes/*.yaml and deploy/openshift/node-scc.yaml are `helm template` output of the
 # chart; edit the chart, then run this (the tests fail while the files differ from a fresh render).
 manifests: helm
 	$(BIN)/python -m tangram.local.helm manifests
 
 # Only the tests that run against the real control plane (`make test` runs them too).
-test-kubernetes: controlplane
+test-kubernetes: controlplane helm monitoring-crds
 	$(BIN)/pytest -q -m controlplane
 
 test: lint typecheck layers unit

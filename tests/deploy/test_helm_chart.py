@@ -1,17 +1,24 @@
-"""The Helm chart in deploy/helm/tangram, for its default values, OpenShift and an existing NATS:
-`helm lint --strict` passes; every object `helm template` renders is strictly valid for
-Kubernetes 1.34, 1.35 and 1.36 (CRD kinds by their own structure) and accepted by a real 1.34 API
-server (server-side apply, dry run, strict field validation); the pods are what the services
-need and no more; and deploy/kubernetes/ is exactly the chart's render, never a second copy.
+"""The Helm chart in deploy/helm/tangram, for its default values, OpenShift, an existing NATS and
+every switch on: `helm lint --strict` passes; every built-in object `helm template` renders is
+strictly valid for Kubernetes 1.34 to 1.37; real 1.34 and 1.37 API servers accept every object
+(server-side apply, dry run, strict field validation), the ServiceMonitor and PrometheusRule
+included: the Prometheus Operator's own CRDs are installed there, so their openAPIV3Schema
+validates them, and a misspelt field, a wrong type or a malformed duration is refused. Only
+OpenShift's SecurityContextConstraints, whose CRD comes with OpenShift, is checked by its own
+structure alone. The pods are what the services need and no more; and deploy/kubernetes/ is
+exactly the chart's render, never a second copy.
 
-Helm comes from `make helm` (built from its Go module, tangram.local.helm).
+Helm comes from `make helm` (built from its Go module, tangram.local.helm), the CRDs from
+`make monitoring-crds` (taken from the operator's Go module at a pinned release,
+tangram.local.monitoringcrds).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +30,9 @@ from kubernetes_asyncio.client import CoreV1Api, V1Namespace, V1ObjectMeta
 from tangram.kubelet.devicemetrics import INFO_NAME
 from tangram.kubernetes.api import call
 from tangram.local import helm as chart
+from tangram.local import monitoringcrds
 from tangram.local.controlplane import Release
-from tests.deploy.apiserver import Refused, api_request, api_resources
+from tests.deploy.apiserver import Refused, api_request, api_resources, install_crds
 from tests.deploy.settingsenv import settings_env_vars
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,11 +73,20 @@ IMEX_SETS = {"imex"}
 IMEX_HOST_PATHS = {"/run/tangram/imex", "/dev/nvidia-caps-imex-channels"}
 # The value sets that run the admission webhook (the others: the policy).
 WEBHOOK_SETS = set(ALL_SETS) - {"admission-policy"}
+# Custom resources: Kubernetes' own schemas do not know them.
 CRD_KINDS = {
     ("security.openshift.io/v1", "SecurityContextConstraints"),
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),
 }
+# The custom resources whose CRDs (the Prometheus Operator's, tangram.local.monitoringcrds) the
+# API server tests install, so the API server validates them like any built-in object. The SCC's
+# CRD comes with OpenShift only.
+MONITORING_KINDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+}
+UNSERVED_KINDS = CRD_KINDS - MONITORING_KINDS
 WORKLOADS = ("Deployment", "DaemonSet", "StatefulSet", "Job")
 NODE_HOST_PATHS = {
     "/dev",
@@ -956,6 +973,12 @@ def test_split_by_template_keeps_every_document() -> None:
 # --- the real API server ---------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def monitoring_crds() -> list[dict[str, Any]]:
+    # not fetched: fails here with "run `make monitoring-crds`" (make test fetches them first)
+    return monitoringcrds.load()
+
+
 async def _apply_dry_run(kube: Any, obj: dict[str, Any], resources: dict[str, Any]) -> dict[str, Any]:
     """Server-side apply with dryRun=All and strict field validation: what the server would store."""
     resource = resources[obj["kind"]]
@@ -982,7 +1005,7 @@ async def _apply_dry_run(kube: Any, obj: dict[str, Any], resources: dict[str, An
 
 def _in_namespace(objects: list[dict[str, Any]], namespace: str) -> Iterator[dict[str, Any]]:
     for obj in objects:
-        if (obj["apiVersion"], obj["kind"]) in CRD_KINDS:
+        if (obj["apiVersion"], obj["kind"]) in UNSERVED_KINDS:
             continue
         if obj["kind"] == "Namespace":
             obj["metadata"]["name"] = namespace
@@ -993,32 +1016,51 @@ def _in_namespace(objects: list[dict[str, Any]], namespace: str) -> Iterator[dic
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("value_set", sorted(set(ALL_SETS) - {"admission-policy"}))
 async def test_the_api_server_accepts_every_object(
-    kube: Any, release: Release, unique: str, helm: Path, value_set: str
+    kube: Any,
+    release: Release,
+    unique: str,
+    helm: Path,
+    monitoring_crds: list[dict[str, Any]],
+    value_set: str,
 ) -> None:
-    await _accepts_every_object(kube, release, unique, helm, value_set)
+    await _accepts_every_object(kube, release, unique, helm, monitoring_crds, value_set)
 
 
 @pytest.mark.controlplane
 @pytest.mark.timeout(300)
 async def test_an_api_server_serving_admission_policies_accepts_the_policy_set(
-    kube_admission_policies: Any, release: Release, unique: str, helm: Path
+    kube_admission_policies: Any,
+    release: Release,
+    unique: str,
+    helm: Path,
+    monitoring_crds: list[dict[str, Any]],
 ) -> None:
     # MutatingAdmissionPolicy is served on 1.34 only with its feature gate and runtime config
-    await _accepts_every_object(kube_admission_policies, release, unique, helm, "admission-policy")
+    await _accepts_every_object(
+        kube_admission_policies, release, unique, helm, monitoring_crds, "admission-policy"
+    )
 
 
-async def _accepts_every_object(kube: Any, release: Release, unique: str, helm: Path, value_set: str) -> None:
-    """What the chart renders for the plane's Kubernetes version, applied (dry run) to it."""
+async def _accepts_every_object(
+    kube: Any,
+    release: Release,
+    unique: str,
+    helm: Path,
+    monitoring_crds: list[dict[str, Any]],
+    value_set: str,
+) -> None:
+    """What the chart renders for the plane's Kubernetes version, applied (dry run) to it, the
+    ServiceMonitor and PrometheusRule with their CRDs installed."""
     namespace = unique[-20:].strip("-")
+    values, settings = _values(value_set)
+    objects = _objects(
+        chart.template(values, settings, namespace=namespace, kube_version=f"{release.minor}.0", binary=helm)
+    )
+    if any((o["apiVersion"], o["kind"]) in MONITORING_KINDS for o in objects):
+        await install_crds(kube, monitoring_crds)
     body = V1Namespace(metadata=V1ObjectMeta(name=namespace))
     await call(f"create Namespace {namespace}", CoreV1Api(kube).create_namespace(body))
     try:
-        values, settings = _values(value_set)
-        objects = _objects(
-            chart.template(
-                values, settings, namespace=namespace, kube_version=f"{release.minor}.0", binary=helm
-            )
-        )
         discovered: dict[str, dict[str, Any]] = {}
         applied = []
         for obj in _in_namespace(objects, namespace):
@@ -1026,9 +1068,14 @@ async def _accepts_every_object(kube: Any, release: Release, unique: str, helm: 
                 discovered[obj["apiVersion"]] = await api_resources(kube, obj["apiVersion"])
             stored = await _apply_dry_run(kube, obj, discovered[obj["apiVersion"]])
             assert stored["kind"] == obj["kind"] and stored["metadata"]["name"] == obj["metadata"]["name"]
+            if (obj["apiVersion"], obj["kind"]) in MONITORING_KINDS:
+                # nothing defaulted or dropped: the operator reads the rules and endpoints as rendered
+                assert stored["spec"] == obj["spec"], obj["kind"]
             applied.append(obj["kind"])
-        assert len(applied) == len([o for o in objects if (o["apiVersion"], o["kind"]) not in CRD_KINDS])
+        assert len(applied) == len([o for o in objects if (o["apiVersion"], o["kind"]) not in UNSERVED_KINDS])
         assert {"DaemonSet", "Deployment", "Job", "ValidatingAdmissionPolicy", "DeviceClass"} <= set(applied)
+        if value_set == "everything":
+            assert {"ServiceMonitor", "PrometheusRule"} <= set(applied)
         admission = (
             {"MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"}
             if value_set == "admission-policy"
@@ -1052,6 +1099,69 @@ async def test_the_api_server_refuses_an_unknown_field(kube: Any, helm: Path) ->
     # and a dry run stores nothing
     with pytest.raises(Refused, match="404"):
         await api_request(kube, "GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles/tangram-node")
+
+
+def _misspelt_group_field(monitor: dict[str, Any], rule: dict[str, Any]) -> dict[str, Any]:
+    rule["spec"]["groups"][0]["rulez"] = rule["spec"]["groups"][0].pop("rules")
+    return rule
+
+
+def _duration_as_a_number(monitor: dict[str, Any], rule: dict[str, Any]) -> dict[str, Any]:
+    alert = next(r for r in rule["spec"]["groups"][-1]["rules"] if "for" in r)
+    alert["for"] = 600
+    return rule
+
+
+def _interval_in_words(monitor: dict[str, Any], rule: dict[str, Any]) -> dict[str, Any]:
+    monitor["spec"]["endpoints"][0]["interval"] = "half a minute"
+    return monitor
+
+
+@pytest.mark.controlplane
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("spoil", "why"),
+    [
+        (
+            _misspelt_group_field,
+            r"\.spec\.groups\[name=\W+tangram\.telemetry\W+\]\.rulez: field not declared in schema",
+        ),
+        (
+            _duration_as_a_number,
+            r"\.spec\.groups\[name=\W+tangram\.alerts\W+\]\.rules\[\d+\]\.for: expected string",
+        ),
+        (
+            _interval_in_words,
+            r"spec\.endpoints\[0\]\.interval: Invalid value: \W+half a minute\W+: .* should match",
+        ),
+    ],
+    ids=["misspelt-field", "wrong-type", "wrong-format"],
+)
+async def test_the_api_server_refuses_monitoring_objects_their_crds_do_not_allow(
+    kube: Any,
+    unique: str,
+    helm: Path,
+    monitoring_crds: list[dict[str, Any]],
+    spoil: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]],
+    why: str,
+) -> None:
+    # the acceptance above means something for the custom resources too: their CRDs' schemas are
+    # enforced, strictly
+    await install_crds(kube, monitoring_crds)
+    namespace = unique[-20:].strip("-")
+    objects = _objects(chart.template(settings=EVERYTHING, namespace=namespace, binary=helm))
+    monitor, rule = _one(objects, "ServiceMonitor", ""), _one(objects, "PrometheusRule", "")
+    resources = await api_resources(kube, "monitoring.coreos.com/v1")
+    body = V1Namespace(metadata=V1ObjectMeta(name=namespace))
+    await call(f"create Namespace {namespace}", CoreV1Api(kube).create_namespace(body))
+    try:
+        spoilt = spoil(copy.deepcopy(monitor), copy.deepcopy(rule))
+        pristine = monitor if spoilt["kind"] == "ServiceMonitor" else rule
+        await _apply_dry_run(kube, pristine, resources)
+        with pytest.raises(Refused, match=why):
+            await _apply_dry_run(kube, spoilt, resources)
+    finally:
+        await call(f"delete Namespace {namespace}", CoreV1Api(kube).delete_namespace(namespace))
 
 
 @pytest.mark.controlplane

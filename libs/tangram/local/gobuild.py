@@ -1,8 +1,10 @@
 """The one Go build cache: tools Tangram builds from Go modules (the control plane, Helm) live under
-`~/.cache/tangram/<tool>/` (or `$XDG_CACHE_HOME`), one folder per version and inputs, built once."""
+`~/.cache/tangram/<tool>/` (or `$XDG_CACHE_HOME`), one folder per version and inputs, built once;
+files taken from a Go module's source (the Prometheus Operator's CRDs) are kept there the same way."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -45,15 +47,12 @@ def build_once(
     staging.mkdir(exist_ok=True)
     started = time.monotonic()
     try:
-        try:
-            result = subprocess.run(
-                ["go", *go_args(staging)],
-                cwd=cwd or staging,
-                env={**os.environ, **(env or {}), "GOBIN": str(staging)},
-                check=False,
-            )
-        except FileNotFoundError as exc:
-            raise error(f"cannot run the Go toolchain (Go 1.26+ is needed): {exc}") from exc
+        result = _go(
+            go_args(staging),
+            error=error,
+            cwd=cwd or staging,
+            env={**(env or {}), "GOBIN": str(staging)},
+        )
         built = staging / path.name
         if result.returncode != 0 or not built.exists():
             raise error(f"the build of {what} failed with exit status {result.returncode}")
@@ -62,3 +61,41 @@ def build_once(
         shutil.rmtree(staging, ignore_errors=True)
     print(f"built in {time.monotonic() - started:.0f}s: {path}", file=out, flush=True)
     return path
+
+
+def module_dir(module: str, version: str, *, error: type[Exception], work: Path) -> Path:
+    """The source of `module@version` in Go's module cache, downloaded there (and checked against
+    the checksum database) unless it is there already: `go mod download`. The folder is Go's and
+    read-only; `work` is the working directory, outside any Go module so none of its
+    requirements is consulted."""
+    work.mkdir(parents=True, exist_ok=True)
+    result = _go(["mod", "download", "-json", f"{module}@{version}"], error=error, cwd=work, capture=True)
+    try:
+        answer = json.loads(result.stdout)
+    except json.JSONDecodeError:
+        answer = {}
+    if result.returncode != 0 or not answer.get("Dir"):
+        why = answer.get("Error") or result.stderr.strip() or f"exit status {result.returncode}"
+        raise error(f"go mod download {module}@{version} failed: {why}")
+    return Path(answer["Dir"])
+
+
+def _go(
+    args: Sequence[str],
+    *,
+    error: type[Exception],
+    cwd: Path,
+    env: Mapping[str, str] | None = None,
+    capture: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(
+            ["go", *args],
+            cwd=cwd,
+            env={**os.environ, **(env or {})},
+            capture_output=capture,
+            text=True,
+            check=False,
+        )
+    except FileNotFoundError as exc:
+        raise error(f"cannot run the Go toolchain (Go 1.26+ is needed): {exc}") from exc
