@@ -11,10 +11,13 @@ from hypothesis import strategies as st
 from tangram.allocation import Allocated, Claim, FleetState
 from tangram.bench.traces import (
     BENCH_MIX,
+    FLEET_MIX,
     Arrival,
     build_fleet,
+    churn_trace,
     claim_spec,
     fleet_gpus,
+    mean_demand,
     saturating_trace,
     shipped_classes,
 )
@@ -56,3 +59,50 @@ def test_renaming_nodes_and_reordering_gpus_admit_the_same_claims(seed: int, shu
         nodes.append(renamed_machine(msgspec.structs.replace(hw, gpus=gpus), name))
     shuffle.shuffle(nodes)
     assert admitted(nodes, seed) == BASELINE[seed]
+
+
+KINDS = ("hgx-h200", "h100-nvl-4x2", "l40s-8")
+# two of each kind: ties between nodes alike, and between nodes unlike that names could break
+KIND_FLEET = build_fleet([(kind, 2) for kind in KINDS])
+CHURN = {
+    seed: churn_trace(seed, 120, 1.2 * fleet_gpus(KIND_FLEET) / mean_demand(FLEET_MIX), FLEET_MIX)
+    for seed in range(3)
+}
+
+
+def churn_admitted(nodes: list[NodeHardware], seed: int) -> int:
+    state = FleetState()
+    for hw in nodes:
+        state.apply_inventory(hw)
+    count = 0
+    for op in CHURN[seed]:
+        if not isinstance(op, Arrival):
+            state.release(op.uid)
+            continue
+        claim = Claim(namespace="t", name=op.uid, uid=op.uid, spec=claim_spec(op.shape))
+        count += isinstance(state.allocate(claim, CLASSES), Allocated)
+    return count
+
+
+CHURN_BASELINE = {seed: churn_admitted(KIND_FLEET, seed) for seed in CHURN}
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    seed=st.sampled_from(sorted(CHURN)),
+    order=st.permutations(KINDS),
+    shuffle=st.randoms(use_true_random=False),
+)
+def test_names_that_sort_the_kinds_in_any_order_admit_the_same_churn(
+    seed: int, order: list[str], shuffle: random.Random
+) -> None:
+    """Names sorting the H200 nodes first, last or between the L40S and H100 NVL nodes: a tie
+    between nodes that are not alike broken by name would admit a different count."""
+    nodes = []
+    for i, hw in enumerate(KIND_FLEET):
+        rank = order.index(hw.node.rsplit("-", 1)[0])
+        gpus = list(hw.gpus)
+        shuffle.shuffle(gpus)
+        name = f"{'abc'[rank]}{shuffle.getrandbits(16):04x}-{i}"
+        nodes.append(renamed_machine(msgspec.structs.replace(hw, gpus=gpus), name))
+    assert churn_admitted(nodes, seed) == CHURN_BASELINE[seed]
