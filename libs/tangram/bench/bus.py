@@ -1,6 +1,8 @@
 """`tangram bench bus`: Tangram's bus against plain nats-py on the same server, same bytes, same run.
 
 Publishing and consuming run concurrently; latency is publish call to handler entry, per event.
+With `--cluster`, both run against a 3-server JetStream cluster with every stream replicated on
+all three (R3), as Tangram runs in production: an acknowledged publish is then on a quorum.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
 from tangram.bus import Bus, BusConfig, ConsumerSpec
 from tangram.events import CLAIMS_STREAM, ClaimRequested, Event, encode
-from tangram.local.natsserver import NatsServer
+from tangram.local.natsserver import NatsCluster, NatsServer
 from tangram.stats import percentile
 
 PLAIN_STREAM = "BENCH_PLAIN"
@@ -29,6 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--events", type=int, default=50_000, help="events per run (default 50000)")
     parser.add_argument(
         "--rate", type=int, default=2000, help="events/s of the paced latency run (default 2000)"
+    )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="a 3-server JetStream cluster with streams replicated 3 times (default: one server)",
     )
 
 
@@ -97,11 +104,15 @@ async def _tangram(
     return _figures(len(events), publish_s, consume_s, latencies)
 
 
-async def _plain(bus: Bus, events: list[Event], chunk_size: int, interval: float | None) -> dict[str, float]:
+async def _plain(
+    bus: Bus, events: list[Event], chunk_size: int, interval: float | None, replicas: int
+) -> dict[str, float]:
     """The floor: nats-py publish_async and a bare pull consumer, same payloads and headers."""
     js = bus.jetstream
     stream = f"{PLAIN_STREAM}_{'PACED' if interval else 'SATURATED'}"
-    await js.add_stream(StreamConfig(name=stream, subjects=[f"bench.{stream.lower()}.>"]))
+    await js.add_stream(
+        StreamConfig(name=stream, subjects=[f"bench.{stream.lower()}.>"], num_replicas=replicas)
+    )
     payloads = [(f"bench.{stream.lower()}.{e.key}", encode(e), {"Nats-Msg-Id": e.event_id}) for e in events]
     await js.add_consumer(stream, ConsumerConfig(durable_name="plain", ack_policy=AckPolicy.EXPLICIT))
     sub = await js.pull_subscribe_bind("plain", stream=stream)
@@ -140,26 +151,41 @@ async def _plain(bus: Bus, events: list[Event], chunk_size: int, interval: float
     return _figures(len(payloads), publish_s, consume_s, latencies)
 
 
-async def _run(count: int, rate: int) -> dict[str, Any]:
+async def _run(count: int, rate: int, *, cluster: bool = False) -> dict[str, Any]:
+    replicas = 3 if cluster else 1
     with tempfile.TemporaryDirectory(prefix="tangram-bench-") as store:
-        server = NatsServer(Path(store)).start()
+        servers: NatsCluster | NatsServer = (
+            NatsCluster(Path(store), size=3).start() if cluster else NatsServer(Path(store)).start()
+        )
+        urls = servers.urls if isinstance(servers, NatsCluster) else (servers.url,)
         try:
-            bus = await Bus.connect(BusConfig(servers=(server.url,), name="bench", producer="bench"))
+            bus = await Bus.connect(
+                BusConfig(servers=urls, name="bench", producer="bench", stream_replicas=replicas), wait_s=30
+            )
             try:
                 await bus.ensure_streams()
                 tangram = await _tangram(bus, _events(count, "saturated"), CHUNK, None)
-                plain = await _plain(bus, _events(count, "saturated"), CHUNK, None)
+                plain = await _plain(bus, _events(count, "saturated"), CHUNK, None, replicas)
                 paced_count = min(count, rate * 5)
                 interval = PACED_CHUNK / rate
                 tangram_paced = await _tangram(bus, _events(paced_count, "paced"), PACED_CHUNK, interval)
-                plain_paced = await _plain(bus, _events(paced_count, "paced"), PACED_CHUNK, interval)
+                plain_paced = await _plain(
+                    bus, _events(paced_count, "paced"), PACED_CHUNK, interval, replicas
+                )
+                # what the servers say, not what was asked
+                stored_replicas = {
+                    name: (await bus.jetstream.stream_info(name)).config.num_replicas
+                    for name in (CLAIMS_STREAM, f"{PLAIN_STREAM}_SATURATED")
+                }
             finally:
                 await bus.close()
         finally:
-            server.stop()
+            servers.stop()
     latency_keys = ("latency_p50_ms", "latency_p99_ms")
     return {
         "benchmark": "bus",
+        "servers": 3 if cluster else 1,
+        "stream_replicas": stored_replicas,
         "events": count,
         "saturated": {
             "note": "publish as fast as acks allow; latency here is queueing behind the backlog",
@@ -182,5 +208,5 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("tangram bench bus: --events must be positive")
     if args.rate <= 0:
         raise SystemExit("tangram bench bus: --rate must be positive")
-    print(json.dumps(asyncio.run(_run(args.events, args.rate))))
+    print(json.dumps(asyncio.run(_run(args.events, args.rate, cluster=args.cluster))))
     return 0
