@@ -40,7 +40,7 @@ def _checked_pipe_dir(pipe_dir: str) -> str:
     return pipe_dir
 
 
-def _pinned_limit_mib(memory_bytes: int) -> int | None:
+def pinned_limit_mib(memory_bytes: int) -> int | None:
     """The client's limit in whole MiB, rounded down so that it never exceeds the share; None
     without a limit. A positive limit under 1 MiB cannot be expressed and is refused."""
     if memory_bytes == 0:
@@ -76,7 +76,7 @@ def share_edits(device: ResolvedDevice, pipe_dir: str) -> dict[str, Any]:
         raise ValueError(f"share {share.id}: compute_percent must be an integer from 1 to 100")
     directory = _checked_pipe_dir(pipe_dir)
     env = [f"CUDA_MPS_PIPE_DIRECTORY={directory}", f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={percent}"]
-    limit = _pinned_limit_mib(share.memory_bytes)
+    limit = pinned_limit_mib(share.memory_bytes)
     if limit is not None:
         env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={CONTAINER_DEVICE_INDEX}={limit}M")
     return {
