@@ -31,6 +31,7 @@ from tangram.kubelet import (
     build_plugin,
 )
 from tangram.kubelet.kubesource import ApiClaimReader, KubeAllocationSource
+from tangram.kubelet.statuswriter import ClaimStatusWriter
 from tangram.kubernetes.api import connect
 from tangram.kubernetes.api.nodeaddresses import NodeAddresses
 from tangram.nvml import open_backend
@@ -91,6 +92,16 @@ def claim_source(
         view=view,
         send=send,
         producer=f"cdi@{settings.node_name}",
+    )
+
+
+def claim_status(settings: CdiSettings, view: InMemoryAllocationSource, api: Any) -> ClaimStatusWriter | None:
+    """In Kubernetes, what the node prepared is written to each claim's status.devices (with its
+    GPU's health, from the node's inventory), for `kubectl get resourceclaim` to show."""
+    if api is None:
+        return None
+    return ClaimStatusWriter(
+        api, driver=settings.driver_name, node=settings.node_name, hardware=lambda: view.hardware
     )
 
 
@@ -159,6 +170,7 @@ async def run(ctx: ServiceContext, settings: CdiSettings) -> None:
                 health=health,
                 sharing=await asyncio.to_thread(sharing_manager, settings),
                 imex=imex_domains(settings, api),
+                status=claim_status(settings, view, api),
             )
             async with plugin:
                 ctx.readiness.append(plugin.registration_problem)

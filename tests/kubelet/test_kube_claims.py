@@ -29,7 +29,7 @@ from tangram.partitioning import MigExecutor
 from tangram.partitioning.model import ObservedInstance
 from tangram.service import ServiceContext
 from tests.kubelet.fakes import TestKubelet
-from tests.kubernetes.api.apiserver import LocalApiServer
+from tests.kubernetes.api.apiserver import ApiError, LocalApiServer
 from tests.partitioner.helpers import MINORS, sim
 from tests.support.driver import DRIVER
 
@@ -304,3 +304,67 @@ async def test_claims_that_are_not_this_nodes_to_prepare_fail_with_the_reason(
         ("disable-mig", refs[4][2])
     ]
     assert node.instances(1) == []
+
+
+NIC_STATUS = {
+    "driver": "nic.example.com",
+    "pool": NODE,
+    "device": "nic-0",
+    "data": {"mtu": 9000},
+    "networkData": {"interfaceName": "net1", "ips": ["10.9.0.7/24"]},
+}
+
+
+def with_a_nic(claim: dict[str, Any]) -> dict[str, Any]:
+    """The claim with a second driver's device, whose driver already wrote its status entry."""
+    claim["spec"]["devices"]["requests"].append(
+        {"name": "nic", "exactly": {"deviceClassName": "nic.example.com"}}
+    )
+    claim["status"]["allocation"]["devices"]["results"].append(
+        {"request": "nic", "driver": "nic.example.com", "pool": NODE, "device": "nic-0"}
+    )
+    claim["status"]["devices"] = [NIC_STATUS]
+    return claim
+
+
+async def test_the_claim_status_shows_the_prepared_mig_device_until_unprepare(
+    node: Node, apiserver: LocalApiServer
+) -> None:
+    stored = apiserver.put_claim(with_a_nic(resource_claim("small", [MIG_DEVICE])))
+    ref = ("ml", "small", stored["metadata"]["uid"])
+    assert (await node.kubelet.prepare(node.endpoint, [ref]))[ref[2]].error == ""
+    [instance] = node.instances(1)
+    nic, entry = apiserver.claim("ml", "small")["status"]["devices"]
+    assert nic == NIC_STATUS
+    assert (entry["driver"], entry["pool"], entry["device"]) == (DRIVER, NODE, MIG_DEVICE)
+    # the UUID the container is given (its CDI spec) is the one the claim shows
+    assert entry["data"]["uuid"] == instance.mig_uuid and instance.mig_uuid in node.spec_text(ref[2])
+    assert entry["data"]["profile"] == "1g.18gb"
+    assert entry["data"]["gpuInstanceId"] == instance.gpu_instance_id
+    assert entry["data"]["gpuUUID"] == instance.gpu_uuid
+    ready = entry["conditions"][0]
+    assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "True", "Prepared")
+
+    assert await node.kubelet.unprepare(node.endpoint, [ref]) == {ref[2]: ""}
+    assert apiserver.claim("ml", "small")["status"]["devices"] == [NIC_STATUS]
+
+
+async def test_a_status_the_server_refuses_or_drops_still_prepares(
+    node: Node, apiserver: LocalApiServer
+) -> None:
+    def broken(claim: dict[str, Any]) -> None:
+        raise ApiError(500, "InternalError", "etcd is unhappy")
+
+    refused = apiserver.put_claim(resource_claim("refused", ["gpu-2"]))
+    ref = ("ml", "refused", refused["metadata"]["uid"])
+    apiserver.race_next_claim_status(broken)
+    answer = (await node.kubelet.prepare(node.endpoint, [ref]))[ref[2]]
+    assert answer.error == "" and [d[2] for d in answer.devices] == ["gpu-2"]
+    assert node.spec_text(ref[2])
+    assert "devices" not in apiserver.claim("ml", "refused")["status"]
+
+    apiserver.serves_device_status = False
+    dropped = apiserver.put_claim(resource_claim("dropped", ["gpu-3"]))
+    other = ("ml", "dropped", dropped["metadata"]["uid"])
+    assert (await node.kubelet.prepare(node.endpoint, [other]))[other[2]].error == ""
+    assert await node.kubelet.unprepare(node.endpoint, [ref, other]) == {ref[2]: "", other[2]: ""}

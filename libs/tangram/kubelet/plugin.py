@@ -12,7 +12,7 @@ from tangram.imex import ImexDomains
 from tangram.kubelet.allocations import AllocationSource
 from tangram.kubelet.config import PluginConfig
 from tangram.kubelet.health import HealthBoard
-from tangram.kubelet.preparer import ClaimPreparer, EventSink
+from tangram.kubelet.preparer import ClaimPreparer, EventSink, StatusReporter
 from tangram.kubelet.server import KubeletPlugin
 from tangram.sharing import SharingManager
 
@@ -27,12 +27,15 @@ async def build_plugin(
     health: HealthBoard | None = None,
     sharing: SharingManager | None = None,
     imex: ImexDomains | None = None,
+    status: StatusReporter | None = None,
 ) -> KubeletPlugin:
     """A plugin whose prepared state is recovered and ready; call `start()` (or `async with`) to serve.
 
     With `driver`, specs also carry the driver's libraries, utilities and ldcache hooks; with
     `sharing`, claims holding shares of devices are prepared (MPS daemons, CDI edits per share);
-    with `imex`, claims of an NVLink domain (the domain's IMEX daemon and channel).
+    with `imex`, claims of an NVLink domain (the domain's IMEX daemon and channel); with `status`,
+    what each claim was prepared as is reported to its readers (in Kubernetes, its status.devices),
+    and reported again whenever the node's GPU health changes.
     """
     writer = CdiSpecWriter(
         config.cdi_dir,
@@ -53,6 +56,7 @@ async def build_plugin(
         producer=producer,
         sharing=sharing,
         imex=imex,
+        status=status,
     )
     await preparer.recover()
     return KubeletPlugin(config, preparer, health)

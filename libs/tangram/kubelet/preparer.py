@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from tangram.cdi.checkpoint import CheckpointedClaim, CheckpointStore, CorruptCheckpoint
 from tangram.cdi.devices import ClaimRef, ResolvedAllocation
@@ -32,6 +33,15 @@ log = logging.getLogger(__name__)
 
 ClaimEvent = ClaimPrepared | ClaimUnprepared
 EventSink = Callable[[ClaimEvent], Awaitable[None]]
+
+
+class StatusReporter(Protocol):
+    """Tells the claim's readers what was prepared (in Kubernetes, the claim's status.devices).
+    A report, not a step of preparing: it must not raise, and must return within a few seconds."""
+
+    async def prepared(self, allocation: ResolvedAllocation) -> object: ...
+
+    async def unprepared(self, claim: ClaimRef) -> object: ...
 
 
 @dataclass(frozen=True)
@@ -71,8 +81,10 @@ class ClaimPreparer:
         producer: str = "cdi",
         sharing: SharingManager | None = None,
         imex: ImexDomains | None = None,
+        status: StatusReporter | None = None,
     ) -> None:
         self.node = node
+        self._status = status
         self._sharing = sharing
         self._imex = imex
         self._source = source
@@ -88,6 +100,10 @@ class ClaimPreparer:
     @property
     def prepared_claims(self) -> dict[str, ResolvedAllocation]:
         return {uid: c.allocation for uid, c in self._claims.items() if c.state == "prepared"}
+
+    @property
+    def reports_status(self) -> bool:
+        return self._status is not None
 
     # --- start-up -------------------------------------------------------------------------------
 
@@ -203,6 +219,9 @@ class ClaimPreparer:
             started = time.perf_counter()
             async with self._claim_lock(claim.uid):
                 allocation, fresh = await self._prepare_locked(claim)
+                finished = time.perf_counter()
+                # under the claim's lock, so that an unprepare's removal cannot come before it
+                await self._report(allocation)
             outcome = PrepareOutcome(devices=self._prepared_devices(allocation))
         except (InvalidName, AllocationUnavailable, InvalidCdiSpec) as error:
             log.warning("claim %s/%s (%s) not prepared: %s", claim.namespace, claim.name, claim.uid, error)
@@ -211,7 +230,7 @@ class ClaimPreparer:
             log.exception("claim %s/%s (%s) not prepared", claim.namespace, claim.name, claim.uid)
             return PrepareOutcome(error=f"internal error while preparing: {error}")
         if fresh:
-            duration_ms = (time.perf_counter() - started) * 1000
+            duration_ms = (finished - started) * 1000
             await self._emit(
                 ClaimPrepared(
                     key=self._node_key,
@@ -311,6 +330,8 @@ class ClaimPreparer:
             validate_claim_uid(claim.uid)
             async with self._claim_lock(claim.uid):
                 known = await self._unprepare_locked(claim)
+                # whether or not this node knew the claim: entries it wrote before a reboot go too
+                await self._report_gone(claim)
         except InvalidName as error:
             log.warning("claim %s not unprepared: %s", claim.uid, error)
             return str(error)
@@ -347,6 +368,33 @@ class ClaimPreparer:
         del self._claims[claim.uid]
         await self._checkpoint.save(self._claims)
         return True
+
+    async def refresh_status(self) -> None:
+        """Report every prepared claim again (after the node's GPU health changed, or at start)."""
+        if self._status is None:
+            return
+        for uid in list(self._claims):
+            async with self._claim_lock(uid):
+                known = self._claims.get(uid)
+                if known is not None and known.state == "prepared":
+                    await self._report(known.allocation)
+
+    async def _report(self, allocation: ResolvedAllocation) -> None:
+        if self._status is None:
+            return
+        try:
+            await self._status.prepared(allocation)
+        except Exception:
+            # the devices are ready whatever becomes of the report
+            log.exception("could not report the status of claim %s", allocation.claim.uid)
+
+    async def _report_gone(self, claim: ClaimRef) -> None:
+        if self._status is None:
+            return
+        try:
+            await self._status.unprepared(claim)
+        except Exception:
+            log.exception("could not report claim %s unprepared", claim.uid)
 
     async def _emit(self, event: ClaimEvent) -> None:
         if self._on_event is None:

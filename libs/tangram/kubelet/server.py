@@ -69,6 +69,7 @@ class KubeletPlugin:
         self._registration_server: grpc.aio.Server | None = None
         self._registration_inode: int | None = None
         self._watch_task: asyncio.Task[None] | None = None
+        self._status_task: asyncio.Task[None] | None = None
         self._served = asyncio.Condition()
 
     async def __aenter__(self) -> KubeletPlugin:
@@ -87,14 +88,17 @@ class KubeletPlugin:
         await self._serve_registration()
         self._watch_task = asyncio.create_task(self._watch_registration(), name="kubelet-registration-watch")
         CLAIM_DEVICES.watch(self, self.config.node_name, lambda: self.preparer.prepared_claims)
+        if self.preparer.reports_status:
+            self._status_task = asyncio.create_task(self._report_health(), name="kubelet-claim-status")
 
     async def stop(self) -> None:
         CLAIM_DEVICES.forget(self)
-        if self._watch_task is not None:
-            self._watch_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch_task
-            self._watch_task = None
+        for task in (self._watch_task, self._status_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._watch_task = self._status_task = None
         for server in (self._registration_server, self._dra_server):
             if server is not None:
                 await server.stop(STOP_GRACE_S)
@@ -163,6 +167,12 @@ class KubeletPlugin:
             return os.stat(self.config.registration_socket).st_ino == self._registration_inode
         except FileNotFoundError:
             return False
+
+    async def _report_health(self) -> None:
+        """Prepared claims reported again at start (a restarted plugin holds claims prepared
+        before) and whenever a device's health changes: what a claim says of its GPU stays true."""
+        async for _ in self.health.watch():
+            await self.preparer.refresh_status()
 
     async def _watch_registration(self) -> None:
         while True:

@@ -1,5 +1,5 @@
-"""A small Kubernetes API server for resource.k8s.io/v1 ResourceSlices (and reading ResourceClaims),
-over real HTTP on loopback.
+"""A small Kubernetes API server for resource.k8s.io/v1 ResourceSlices (and reading ResourceClaims
+and writing their status), over real HTTP on loopback.
 
 It behaves like kube-apiserver where the publisher can tell the difference: resourceVersions on
 every write and in lists, 409 AlreadyExists / Conflict, 404 NotFound, 422 Invalid with the
@@ -8,7 +8,11 @@ resourceVersion. Every created or replaced object is validated strictly against 
 schema of the server's Kubernetes version and against the limits the API server enforces in code.
 
 Tests steer it: `race_next_replaces` makes a concurrent writer win the next PUTs, `fail_next`
-answers the next requests with an error status, `stop`/`start` take it down and bring it back.
+answers the next requests with an error status, `stop`/`start` take it down and bring it back;
+`race_next_claim_status` has another writer change a claim before each of the next status
+writes (or answer with the ApiError it raises), `hold_claims` keeps every claim request waiting
+until `release_claims`, and `serves_device_status = False` drops `status.devices` on write, as a
+server without the DRAResourceClaimDeviceStatus gate does.
 """
 
 from __future__ import annotations
@@ -127,6 +131,10 @@ class LocalApiServer:
         self._failures: list[int] = []
         self._runner: web.AppRunner | None = None
         self.port = 0
+        self.serves_device_status = True
+        self._claims_open = asyncio.Event()
+        self._claims_open.set()
+        self._claim_races: list[Callable[[dict[str, Any]], None]] = []
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -143,6 +151,7 @@ class LocalApiServer:
         app.router.add_route("PUT", PREFIX + "/{name}", self._replace)
         app.router.add_route("DELETE", PREFIX + "/{name}", self._delete)
         app.router.add_route("GET", CLAIM_PATH, self._get_claim)
+        app.router.add_route("PUT", CLAIM_PATH + "/status", self._replace_claim_status)
         self._closing = False
         self._runner = web.AppRunner(app, shutdown_timeout=1.0, access_log=None)
         await self._runner.setup()
@@ -197,6 +206,25 @@ class LocalApiServer:
         metadata["resourceVersion"] = str(self._resource_version)
         self.claims[key] = stored
         return copy.deepcopy(stored)
+
+    def claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """The stored ResourceClaim, as a reader would get it."""
+        return copy.deepcopy(self.claims[(namespace, name)])
+
+    def delete_claim(self, namespace: str, name: str) -> None:
+        del self.claims[(namespace, name)]
+
+    def hold_claims(self) -> None:
+        """Claim requests wait, unanswered, until `release_claims` (an API server that hangs)."""
+        self._claims_open.clear()
+
+    def release_claims(self) -> None:
+        self._claims_open.set()
+
+    def race_next_claim_status(self, *mutations: Callable[[dict[str, Any]], None]) -> None:
+        """Before each of the next status writes, another writer changes the claim (a mutation
+        each): a new resourceVersion, so the write in flight conflicts."""
+        self._claim_races.extend(mutations)
 
     def modify(self, name: str, mutate: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
         """A concurrent writer changes the object: a new resourceVersion and a MODIFIED event."""
@@ -360,12 +388,49 @@ class LocalApiServer:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
         try:
             await self._prologue(request)
+            await self._claims_open.wait()
             claim = self.claims.get((namespace, name))
             if claim is None:
                 raise ApiError(404, "NotFound", f'resourceclaims.resource.k8s.io "{name}" not found', name)
         except ApiError as error:
             return error.response()
         return web.json_response(claim)
+
+    async def _replace_claim_status(self, request: web.Request) -> web.Response:
+        """PUT .../resourceclaims/{name}/status: only the status is taken from the body (the
+        spec and metadata stay the server's), guarded by the resourceVersion in the body."""
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        try:
+            await self._prologue(request)
+            await self._claims_open.wait()
+            body = await self._body(request)
+            if body.get("metadata", {}).get("name") != name:
+                raise ApiError(400, "BadRequest", "the name of the object does not match the name on the URL")
+            stored = self.claims.get((namespace, name))
+            if stored is None:
+                raise ApiError(404, "NotFound", f'resourceclaims.resource.k8s.io "{name}" not found', name)
+            if self._claim_races:
+                changed = copy.deepcopy(stored)
+                self._claim_races.pop(0)(changed)
+                stored = self.put_claim(changed)
+            given = body["metadata"].get("resourceVersion")
+            if given and given != stored["metadata"]["resourceVersion"]:
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on resourceclaims.resource.k8s.io "{name}": '
+                    "the object has been modified; please apply your changes to the latest version "
+                    "and try again",
+                    name,
+                )
+            status = copy.deepcopy(body.get("status") or {})
+            if not self.serves_device_status:
+                status.pop("devices", None)
+            _check_device_status(name, status)
+            written = self.put_claim({**copy.deepcopy(stored), "status": status})
+        except ApiError as error:
+            return error.response()
+        return web.json_response(written)
 
     async def _create(self, request: web.Request) -> web.Response:
         try:
@@ -437,6 +502,33 @@ class LocalApiServer:
         gone["metadata"]["resourceVersion"] = str(self._resource_version)
         self._record("DELETED", gone)
         return web.json_response(gone)
+
+
+def _check_device_status(name: str, status: dict[str, Any]) -> None:
+    """What kube-apiserver checks of status.devices beyond the schema: each entry names an
+    allocated device of the claim (driver, pool, device and shareID), once."""
+    results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+    allocated = {(r.get("driver"), r.get("pool"), r.get("device"), r.get("shareID")) for r in results}
+    seen = set()
+    for index, entry in enumerate(status.get("devices") or []):
+        key = (entry.get("driver"), entry.get("pool"), entry.get("device"), entry.get("shareID"))
+        if key not in allocated:
+            raise ApiError(
+                422,
+                "Invalid",
+                f'ResourceClaim.resource.k8s.io "{name}" is invalid: status.devices[{index}]: '
+                "Invalid value: must be an allocated device in the claim",
+                name,
+            )
+        if key in seen:
+            raise ApiError(
+                422,
+                "Invalid",
+                f'ResourceClaim.resource.k8s.io "{name}" is invalid: status.devices[{index}]: '
+                "Duplicate value",
+                name,
+            )
+        seen.add(key)
 
 
 def _concurrent_edit(obj: dict[str, Any]) -> None:
