@@ -34,6 +34,7 @@ from tangram.local import monitoringcrds
 from tangram.local.controlplane import Release
 from tests.deploy.apiserver import Refused, api_request, api_resources, install_crds
 from tests.deploy.settingsenv import settings_env_vars
+from tests.support.driver import DRIVER
 
 ROOT = Path(__file__).resolve().parents[2]
 HELM_DIR = ROOT / "deploy" / "helm"
@@ -641,6 +642,8 @@ CALLS = {
         "watch:list_resource_slice": ("resource.k8s.io", "resourceslices", "watch"),
         "read_node": ("", "nodes", "get"),
         "read_namespaced_resource_claim": ("resource.k8s.io", "resourceclaims", "get"),
+        # what cdi prepared, in the claim's status.devices
+        "replace_namespaced_resource_claim_status": ("resource.k8s.io", "resourceclaims/status", "update"),
     },
     "allocator": {
         "list_resource_claim_for_all_namespaces": ("resource.k8s.io", "resourceclaims", "list"),
@@ -703,6 +706,20 @@ CALLS = {
         ),
         # the allocator's Lease, read before any gate is lifted
         "read_namespaced_lease": ("coordination.k8s.io", "leases", "get"),
+    },
+}
+# What the API server checks besides a call's own grant, by role and call: from Kubernetes 1.36
+# (DRAResourceClaimGranularStatusAuthorization) a change of a claim's status.devices is also
+# authorized per driver, on the synthetic subresource resourceclaims/driver; the node's is the
+# "associated-node:" verb, which holds only for claims allocated to the node of the pod whose
+# token makes the call.
+SERVER_CHECKS = {
+    "node": {
+        "replace_namespaced_resource_claim_status": (
+            "resource.k8s.io",
+            "resourceclaims/driver",
+            "associated-node:update",
+        ),
     },
 }
 # The code each role's pod runs: the callout its package (python -m services.authcallout); the
@@ -812,7 +829,8 @@ def test_rbac_grants_exactly_the_calls_the_code_makes(
             o for o in objects if o["kind"] == "Role" and o["metadata"]["name"] == f"tangram-{role}"
         ]
         granted_here = _grants(cluster_role) | {g for r in namespaced for g in _grants(r)}
-        assert granted_here == set(CALLS[role].values()), role
+        checked = {grant for call, grant in SERVER_CHECKS.get(role, {}).items() if call in CALLS[role]}
+        assert granted_here == set(CALLS[role].values()) | checked, role
         for r in namespaced:
             (role_binding,) = [
                 o
@@ -835,6 +853,28 @@ def test_rbac_grants_exactly_the_calls_the_code_makes(
         assert _pod(_one(objects, kind, suffix))["serviceAccountName"] == subject["name"] == f"tangram-{role}"
     granted = {o["metadata"]["name"] for o in objects if o["kind"] in ("ClusterRole", "Role")}
     assert granted - {"tangram-node-scc"} == {f"tangram-{role}" for role in roles}
+
+
+def test_the_node_writes_only_the_status_of_claims_and_only_its_drivers_devices(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    for value_set in ALL_SETS:
+        role = _one(rendered[value_set], "ClusterRole", "node")
+        claim_rules = [
+            r for r in role["rules"] if any(x.startswith("resourceclaims") for x in r["resources"])
+        ]
+        assert claim_rules == [
+            {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+            {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"], "verbs": ["update"]},
+            # Tangram's entries only, and only on claims allocated to the node of the caller's
+            # pod: never "arbitrary-node:", and never resourceclaims/binding (the allocation)
+            {
+                "apiGroups": ["resource.k8s.io"],
+                "resources": ["resourceclaims/driver"],
+                "resourceNames": [DRIVER],
+                "verbs": ["associated-node:update"],
+            },
+        ], value_set
 
 
 def test_the_partitioner_does_not_talk_to_kubernetes() -> None:

@@ -181,7 +181,14 @@ def test_node_rbac_is_least_privilege() -> None:
     assert _grants(_by_kind("ClusterRole", "tangram-node")) == {
         ("resource.k8s.io", "resourceslices", verb)
         for verb in ("create", "update", "delete", "get", "list", "watch")
-    } | {("", "nodes", "get"), ("resource.k8s.io", "resourceclaims", "get")}
+    } | {
+        ("", "nodes", "get"),
+        ("resource.k8s.io", "resourceclaims", "get"),
+        # what cdi prepared, in status.devices: the status subresource, and from 1.36 the
+        # per-driver check, for claims allocated on the caller's own node only
+        ("resource.k8s.io", "resourceclaims/status", "update"),
+        ("resource.k8s.io", "resourceclaims/driver", "associated-node:update"),
+    }
 
 
 def test_no_role_is_cluster_admin_like() -> None:
