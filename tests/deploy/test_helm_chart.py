@@ -238,6 +238,8 @@ def test_the_value_sets_render_what_they_say(rendered: dict[str, list[dict[str, 
         "DeviceClass/shared.gpu.tangram.dev",
         "ValidatingAdmissionPolicy/tangram-resourceslices-own-node",
         "ValidatingAdmissionPolicyBinding/tangram-resourceslices-own-node",
+        "ValidatingAdmissionPolicy/tangram-resourceclaim-status-own-node",
+        "ValidatingAdmissionPolicyBinding/tangram-resourceclaim-status-own-node",
     }
     webhook = {
         "ServiceAccount/tangram-admission",

@@ -60,6 +60,7 @@ def test_the_expected_objects_are_shipped() -> None:
         "DeviceClass/shared.gpu.tangram.dev",
         "SecurityContextConstraints/tangram-node",
         "ValidatingAdmissionPolicy/tangram-resourceslices-own-node",
+        "ValidatingAdmissionPolicy/tangram-resourceclaim-status-own-node",
     ]:
         assert expected in kinds
 
