@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tangram.kubernetes.api import call_json
 from tangram.kubernetes.objects.names import SCHEDULING_GATE
 from tangram.local.controlplane import ControlPlane, Release
 from tangram.sharing.daemons import PID_FILE, process_alive
@@ -63,6 +64,21 @@ def uses(template_name: str) -> dict[str, dict[str, str]]:
 
 async def running_claim(node: Node, name: str, entry: str = "share") -> dict[str, Any]:
     return await claim_of(node, await wait_for_pod(node, name, "Running"), entry)
+
+
+async def device_status(node: Node, claim: str) -> dict[str, Any]:
+    """The node's one entry in the claim's status.devices, as the API server serves it."""
+
+    async def written() -> dict[str, Any] | None:
+        found = await call_json(
+            f"read ResourceClaim {claim}",
+            node.resource.read_namespaced_resource_claim(claim, node.namespace, _preload_content=False),
+        )
+        entries = [e for e in found["status"].get("devices", []) if e["driver"] == DRIVER]
+        return entries[0] if len(entries) == 1 else None
+
+    entry: dict[str, Any] = await until(f"the device status of claim {claim}", written)
+    return entry
 
 
 def daemon_pid(node: Node, device_uuid: str) -> int:
@@ -134,6 +150,19 @@ async def test_four_10gib_pods_share_one_l40s_under_mps_and_a_fifth_waits_naming
             r["shareID"] for c in claims.values() for r in c["status"]["allocation"]["devices"]["results"]
         }
         assert len(shares) == 4
+    # what kubectl shows of each share: its GPU, the shareID where the allocation carries one, and
+    # the limits its container runs under
+    for name, claim in claims.items():
+        [result] = claim["status"]["allocation"]["devices"]["results"]
+        entry = await device_status(node, claim["metadata"]["name"])
+        assert entry.get("shareID") == result.get("shareID"), name
+        assert entry["data"]["uuid"] == gpu_uuid
+        assert entry["data"]["sharing"] == {
+            "strategy": "MPS",
+            "memory": "10Gi",
+            "activeThreadPercentage": 100,
+            "pinnedMemoryLimit": "10240Mi",
+        }
 
     # a fifth 10 GiB share does not fit on GPU 0 (46068 MiB less 40 GiB left): it waits, saying so
     await node.core.create_namespaced_pod(ns, pod("fifth", ns, None, uses("ten"), gates=[SCHEDULING_GATE]))

@@ -165,14 +165,21 @@ async def service_account_kubeconfig(
     path: Path,
     *,
     token_s: int = TOKEN_S,
+    pod: Mapping[str, Any] | None = None,
 ) -> Path:
     """A kubeconfig (written to `path`, mode 0600) that authenticates as `namespace/account` with
-    a fresh bound token valid `token_s` seconds."""
-    request = {
-        "apiVersion": "authentication.k8s.io/v1",
-        "kind": "TokenRequest",
-        "spec": {"expirationSeconds": token_s},
-    }
+    a fresh bound token valid `token_s` seconds; with `pod`, the token is bound to that Pod as the
+    kubelet projects it, and so names the Pod's node to the API server."""
+    spec: dict[str, Any] = {"expirationSeconds": token_s}
+    if pod is not None:
+        metadata = pod["metadata"]
+        spec["boundObjectRef"] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": metadata["name"],
+            "uid": metadata["uid"],
+        }
+    request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
     token = await call(
         f"request a token for ServiceAccount {namespace}/{account}",
         CoreV1Api(kube).create_namespaced_service_account_token(account, namespace, request),
