@@ -42,9 +42,12 @@ BODY_V1 = (
     b'"gpu_minor":3,"mig_uuid":"MIG-2","profile":"1g.10gb","gi_cap_minor":122,"ci_cap_minor":123}]}}}}'
 )
 
-# What version 1 writes since devices carry their share and claims their IMEX channel (fields with
-# defaults: files written before them, BODY_V1, still read the same)
-WRITTEN_V1 = BODY_V1.replace(b'"ci_cap_minor":123}]}', b'"ci_cap_minor":123,"share":null}],"imex":null}')
+# What version 1 writes since devices carry their share and GPU instance id and claims their IMEX
+# channel and pods (fields with defaults: files written before them, BODY_V1, still read the same)
+WRITTEN_V1 = BODY_V1.replace(
+    b'"ci_cap_minor":123}]}',
+    b'"ci_cap_minor":123,"share":null,"gpu_instance_id":-1}],"imex":null,"pods":[]}',
+)
 
 
 def test_round_trip() -> None:
