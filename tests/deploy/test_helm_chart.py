@@ -711,11 +711,20 @@ CALLS = {
     },
 }
 # What the API server checks besides a call's own grant, by role and call: from Kubernetes 1.36
-# (DRAResourceClaimGranularStatusAuthorization) a change of a claim's status.devices is also
-# authorized per driver, on the synthetic subresource resourceclaims/driver; the node's is the
+# (DRAResourceClaimGranularStatusAuthorization) a change of a claim's status.allocation or
+# reservedFor is also authorized on the synthetic subresource resourceclaims/binding, and of its
+# status.devices per driver, on the synthetic subresource resourceclaims/driver; the node's is the
 # "associated-node:" verb, which holds only for claims allocated to the node of the pod whose
 # token makes the call.
 SERVER_CHECKS = {
+    # the allocation Tangram writes: kube-scheduler's own "bind claim" check
+    "allocator": {
+        "replace_namespaced_resource_claim_status": (
+            "resource.k8s.io",
+            "resourceclaims/binding",
+            "update",
+        ),
+    },
     "node": {
         "replace_namespaced_resource_claim_status": (
             "resource.k8s.io",
