@@ -13,6 +13,7 @@ from tangram.bench.packing import (
     non_migrating_admitted,
     pooled,
 )
+from tangram.bench.quality import migrating_prefix
 from tangram.bench.traces import Arrival, ClaimShape, Departure, Op
 
 # H100-style placements without the media-extensions profile: (compute, start, size)
@@ -135,3 +136,20 @@ def test_counting_gpus_is_enough_only_where_any_set_serves_alike() -> None:
     assert pooled(SWITCHED)  # NVLink between every pair
     assert not pooled(BRIDGED)  # a pair claim needs a bridged pair
     assert not pooled(mig_node("m", 2))  # MIG devices sit on particular GPUs
+
+
+def test_the_migrating_optimum_admits_the_crossed_trace_whole() -> None:
+    # At z's arrival q and v are alive: moved onto one pair, z takes the other.
+    arrivals, proven, _ = migrating_prefix([BRIDGED], CROSSED, 0, capacity_gpus=4, time_limit_s=10)
+    assert (arrivals, proven) == (6, True)
+
+
+def test_the_migrating_optimum_checks_arrivals_before_the_last_departure() -> None:
+    # Four NVLink-connected GPUs do not exist on the bridged node; the departure and the claim after
+    # it do not hide that failure (the first arrival), nor does the count of GPUs (4 of 4).
+    four = ClaimShape("gpu", 4, nvlink=True)
+    ops: list[Op] = [Arrival("f", four), Departure("f"), Arrival("g", ONE)]
+    assert migrating_prefix([BRIDGED], ops, 0, capacity_gpus=4, time_limit_s=10)[:2] == (0, True)
+    # Too many GPUs at once: the second arrival fails, whatever follows it.
+    ops = [Arrival("a", TWO), Arrival("b", ONE), Departure("a"), Arrival("c", ONE)]
+    assert migrating_prefix([plain_node("two", 2)], ops, 0, capacity_gpus=2, time_limit_s=10)[:2] == (1, True)

@@ -176,6 +176,64 @@ def failing_too(
     return None
 
 
+def migrating_prefix(
+    nodes: Sequence[Node],
+    ops: list[Op],
+    known: int,
+    *,
+    capacity_gpus: float,
+    time_limit_s: float,
+    solve: Callable[..., Optimum] = optimal_admitted,
+) -> tuple[int, bool, float]:
+    """The longest prefix of the trace whose claims alive at each of its arrivals fit at once
+    (exact ILPs, `solve`): the optimum of a policy free to rearrange every claim at every arrival.
+    `known` arrivals are known to fit (a policy admitted them).
+
+    Every arrival past `known` is checked, during the churn too. Between two departures the claims
+    alive only grow, so a run of arrivals is checked at its last one and searched (binary) for its
+    first failure only where that fails. Returns (arrivals, proven, seconds); a solve stopped by
+    its time limit without an answer counts as a failure, which understates the optimum, and the
+    result is then not proven.
+    """
+    runs: list[list[int]] = [[]]  # arrival counts 1..total, cut at each departure
+    seen = 0
+    for op in ops:
+        if isinstance(op, Arrival):
+            seen += 1
+            runs[-1].append(seen)
+        elif runs[-1]:
+            runs.append([])
+    proven = True
+    seconds = 0.0
+
+    def fits(arrivals: int) -> bool:
+        nonlocal proven, seconds
+        alive = _alive_after(ops, arrivals)
+        if sum(shape.gpus() for shape in alive) > capacity_gpus + 1e-9:
+            return False
+        optimum = solve(nodes, alive, time_limit_s=time_limit_s)
+        seconds += optimum.seconds
+        if optimum.admitted >= len(alive):
+            return True
+        if not optimum.proven and optimum.bound >= len(alive) - 0.5:
+            proven = False  # unknown: counted as not fitting
+        return False
+
+    for run in runs:
+        todo = [arrivals for arrivals in run if arrivals > known]
+        if not todo or fits(todo[-1]):
+            continue
+        lo, hi = todo[0] - 1, todo[-1]  # lo fits (known, or the end of the run before), hi does not
+        while hi - lo > 1:
+            middle = (lo + hi) // 2
+            if fits(middle):
+                lo = middle
+            else:
+                hi = middle
+        return lo, proven, round(seconds, 3)
+    return seen, proven, round(seconds, 3)
+
+
 def run_instance(
     fleet_spec: tuple[tuple[str, int], ...],
     seed: int,
