@@ -13,7 +13,7 @@ from tangram.bench.packing import (
     non_migrating_admitted,
     pooled,
 )
-from tangram.bench.quality import migrating_prefix
+from tangram.bench.quality import Replayed, migrating_prefix, same_claims_stranded
 from tangram.bench.traces import Arrival, ClaimShape, Departure, Op
 
 # H100-style placements without the media-extensions profile: (compute, start, size)
@@ -153,3 +153,21 @@ def test_the_migrating_optimum_checks_arrivals_before_the_last_departure() -> No
     # Too many GPUs at once: the second arrival fails, whatever follows it.
     ops = [Arrival("a", TWO), Arrival("b", ONE), Departure("a"), Arrival("c", ONE)]
     assert migrating_prefix([plain_node("two", 2)], ops, 0, capacity_gpus=2, time_limit_s=10)[:2] == (1, True)
+
+
+def test_stranded_gpus_are_compared_once_both_policies_admitted_the_same_claims() -> None:
+    # tangram admitted 3 claims, first-fit 2 (it failed on the third): compared at 2 admitted,
+    # and on average over the moments after the first and the second.
+    replays = {
+        "tangram": Replayed(row={"claims": 3}, held=[], stranded=[0.0, 0.5, 1.0, 0.25]),
+        "first-fit": Replayed(row={"claims": 2}, held=[], stranded=[0.0, 0.5, 2.0]),
+    }
+    assert same_claims_stranded(replays) == {
+        "first-fit": {
+            "claims": 2,
+            "tangram": 1.0,
+            "first-fit": 2.0,
+            "tangram_mean": 0.75,
+            "first-fit_mean": 1.25,
+        }
+    }
