@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tangram.bench.quality import PackingGpu, PackingNode, optimal_admitted, packing_node
+from tangram.bench.packing import PackingGpu, PackingNode, optimal_admitted, packing_node
 from tangram.bench.traces import ClaimShape, machine_hardware
 
 # H100-style placements without the media-extensions profile: (compute, start, size)

@@ -58,14 +58,30 @@ def test_quality_report_never_beats_the_optimum(capsys: pytest.CaptureFixture[st
         assert instance["node_names"] != sorted(
             f"{m}-{n}" for m, c in instance["fleet"].items() for n in range(c)
         )
-        optimum = instance["optimum"]
-        assert optimum["proven"] is True
-        for figures in instance["policies"].values():
-            assert figures["arrivals_before_first_failure"] <= optimum["arrivals_before_first_failure"]
-            assert figures["claims_ratio"] >= 0.0 and figures["gpus_ratio"] >= 0.0
+        optimum, held = instance["optimum"], instance["non_migrating"]
+        assert optimum["proven"] is True and held["proven"] is True
+        # never moving a claim admits no more than moving them; a policy no more than either
+        assert held["claims"] <= held["bound"] <= optimum["claims"]
+        for policy, figures in instance["policies"].items():
+            assert figures["arrivals_before_first_failure"] <= held["claims"]
+            assert figures["claims_ratio"] <= figures["claims_ratio_non_migrating"] <= 1.0
+            assert figures["gpus_ratio"] >= 0.0
+            if policy != "tangram":
+                same = instance["stranded_at_same_claims"][policy]
+                assert same["claims"] == min(figures["claims"], instance["policies"]["tangram"]["claims"])
+                assert same["tangram"] >= 0.0 and same[policy] >= 0.0
     assert set(report["summary"]) == {"fill", "churn", "all"}
     assert set(report["summary"]["all"]["policies"]) == {"tangram", "first-fit", "best-fit"}
-    assert set(report["meets_targets"]) == {"fill_claims_ratio", "churn_claims_ratio", "above_first_fit"}
+    assert set(report["summary"]["all"]["stranded_at_same_claims"]) == {"first-fit", "best-fit"}
+    assert set(report["meets_targets"]) == {
+        "fill_claims_ratio",
+        "churn_claims_ratio",
+        "above_first_fit",
+        "fill_non_migrating_every_instance",
+        "churn_non_migrating_every_instance",
+        "fewer_stranded_than_first_fit",
+        "fewer_stranded_than_best_fit",
+    }
 
 
 def test_rebuild_replays_every_event_into_the_live_state(

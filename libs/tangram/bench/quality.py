@@ -1,11 +1,19 @@
-"""`tangram bench quality`: placement quality against first-fit, best-fit and an exact ILP optimum.
+"""`tangram bench quality`: placement quality against first-fit, best-fit and two exact ILP optima.
 
 Each instance is a mixed fleet (NVSwitch, NVLink-bridged pairs, no NVLink; at least 8 nodes of
 3 kinds, names shuffled so that name order says nothing) and a trace: `fill` traces only arrive,
 `churn` traces first run arrivals and departures at 50% load, then only arrive. Either way the
 arrivals ask for `--saturation` times the fleet's GPUs. Every policy replays the trace until its
-first failure; the claims it admitted before (and their GPUs) are compared with the longest
-prefix of the same trace whose claims alive an exact ILP (HiGHS) fits at once.
+first failure; the claims it admitted before (and their GPUs) are compared with two optima of the
+same trace (HiGHS):
+
+- the migrating optimum: the longest prefix whose claims alive at each arrival fit at once, as if
+  every claim could be moved at every arrival (no policy that never moves a claim is promised it);
+- the non-migrating optimum: the longest prefix whose claims each get one placement for their
+  whole life, capacity held at every moment: what a policy that never moves a claim can reach.
+
+Stranded GPUs are compared at the same admitted claims: Tangram against each baseline when the
+first of the two fails (both then hold the same claims), and on average over that prefix.
 """
 
 from __future__ import annotations
@@ -13,18 +21,21 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import random
 import sys
-import time
-from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import combinations
 from typing import Any, TypeVar
 
 from tangram.allocation import POLICIES, Allocated, Claim, DeviceClass, FleetState, NvlinkTally, Policy
+from tangram.bench.packing import (
+    Held,
+    Optimum,
+    PackingNode,
+    non_migrating_admitted,
+    optimal_admitted,
+    packing_node,
+)
 from tangram.bench.traces import (
     BENCH_MIX,
     Arrival,
@@ -36,12 +47,17 @@ from tangram.bench.traces import (
     saturating_trace,
     shipped_classes,
 )
-from tangram.dra import partitionable, whole_gpu_advertised
 from tangram.events.inventory import NodeHardware, renamed_machine
 
 Node = TypeVar("Node")
 CHURN_LOAD = 0.5  # share of the fleet's GPUs the claims alive ask for while a churn trace churns
-TARGETS = {"fill_claims_ratio": 0.97, "churn_claims_ratio": 0.90}
+TARGETS = {
+    "fill_claims_ratio": 0.97,
+    "churn_claims_ratio": 0.90,
+    # of the non-migrating optimum, on every instance
+    "fill_non_migrating_every_instance": 0.99,
+    "churn_non_migrating_every_instance": 0.95,
+}
 # Mixed fleets of at least 8 nodes of three kinds: NVSwitch (8-GPU NVLink sets, MIG), NVLink-bridged
 # pairs (MIG), and L40S without NVLink or MIG.
 FLEETS: tuple[tuple[tuple[str, int], ...], ...] = (
@@ -50,162 +66,6 @@ FLEETS: tuple[tuple[tuple[str, int], ...], ...] = (
     (("hgx-h200", 2), ("h100-nvl-4x2", 4), ("l40s-8", 2)),
     (("hgx-h200", 3), ("h100-nvl-4x2", 2), ("l40s-8", 3)),
 )
-
-
-# --- the packing problem -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class PackingGpu:
-    index: int
-    whole: bool  # can be handed out whole
-    slices: int  # MIG memory slices; 0 when the GPU cannot be partitioned
-    placements: tuple[tuple[int, int, int], ...] = ()  # (compute slices, start, size), no +me profile
-
-
-@dataclass(frozen=True, slots=True)
-class PackingNode:
-    name: str
-    gpus: tuple[PackingGpu, ...]
-    nvlinked: frozenset[tuple[int, int]]  # GPU index pairs (a < b) with at least one NVLink
-
-
-@dataclass(frozen=True, slots=True)
-class Optimum:
-    admitted: int
-    proven: bool  # the solver proved optimality (no time limit hit)
-    bound: float  # the solver's upper bound on the admitted claims
-    seconds: float
-
-
-def packing_node(hw: NodeHardware) -> PackingNode:
-    """What a node offers to the packing problem, by the same advertising rules as discovery."""
-    gpus = []
-    for gpu in sorted(hw.gpus, key=lambda g: g.index):
-        if gpu.health != "healthy":
-            continue
-        cut = partitionable(gpu)
-        placements = (
-            tuple(
-                sorted(
-                    {
-                        (p.compute_slices, place.start, place.size)
-                        for p in gpu.mig_profiles
-                        if not p.media_extensions
-                        for place in p.placements
-                    }
-                )
-            )
-            if cut
-            else ()
-        )
-        gpus.append(
-            PackingGpu(
-                index=gpu.index,
-                whole=whole_gpu_advertised(gpu),
-                slices=gpu.memory_slices if cut else 0,
-                placements=placements,
-            )
-        )
-    nvlinked = frozenset((min(link.a, link.b), max(link.a, link.b)) for link in hw.links if link.nvlinks > 0)
-    return PackingNode(name=hw.node, gpus=tuple(gpus), nvlinked=nvlinked)
-
-
-@contextmanager
-def stdout_to_stderr() -> Iterator[None]:
-    """HiGHS prints its banner on file descriptor 1 when first constructed; stdout carries the JSON."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        os.dup2(2, 1)
-        yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
-def optimal_admitted(
-    nodes: list[PackingNode], claims: list[ClaimShape], *, time_limit_s: float = 60.0
-) -> Optimum:
-    """The most claims of `claims` that the fleet admits at the same time (an exact ILP, HiGHS).
-
-    Claims of one shape are interchangeable, so the model counts them per shape instead of naming
-    each (the same optimum without the symmetry of identical claims):
-
-    - whole-GPU shape s (k GPUs, optionally NVLink): on each node n, slots j = 0..floor(W/k)-1
-      (W = GPUs the node hands out whole); y[s,n,j] in {0,1} says slot j holds a claim and
-      x[s,n,j,g] in {0,1} that it uses GPU g: sum_g x[s,n,j,g] = k * y[s,n,j]; when the shape
-      asks for NVLink, x[s,n,j,g] + x[s,n,j,h] <= 1 for every pair g,h without NVLink (so the set
-      is NVLink-connected pairwise); y[s,n,j] >= y[s,n,j+1] breaks the slots' symmetry;
-    - MIG shape s (c compute slices, m memory slices): z[s,n,g,p] in {0,1} for each placement p
-      of a profile with c compute and m memory slices (media-extension profiles excluded);
-    - supply: sum_{n,j} y[s,n,j] <= claims of shape s, and sum_{n,g,p} z[s,n,g,p] <= claims of s;
-    - one GPU, per memory slice q: sum of its whole-GPU uses + sum of the placements covering q
-      <= 1 (memory slices never overlap, a GPU used whole has no MIG device); a GPU without MIG
-      has one such row over its whole-GPU uses;
-    - maximise sum y + sum z.
-    """
-    import highspy  # noqa: PLC0415 - the solver is needed by this benchmark only
-
-    with stdout_to_stderr():
-        h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", float(time_limit_s))
-    h.setOptionValue("mip_rel_gap", 0.0)
-    demand = Counter(claims)
-    objective: list[Any] = []
-    uses: dict[tuple[str, int, int], list[Any]] = {}  # (node, gpu, slice or -1) -> variables
-    for shape, count in sorted(demand.items(), key=lambda item: item[0].label):
-        supply: list[Any] = []
-        for node in nodes:
-            if shape.kind == "gpu":
-                whole = [g.index for g in node.gpus if g.whole]
-                slot_vars: list[Any] = []
-                for _ in range(min(count, len(whole) // shape.count)):
-                    y = h.addBinary()
-                    xs = {g: h.addBinary() for g in whole}
-                    h.addConstr(sum(xs.values()) - shape.count * y == 0)
-                    if shape.nvlink:
-                        for a, b in combinations(whole, 2):
-                            if (min(a, b), max(a, b)) not in node.nvlinked:
-                                h.addConstr(xs[a] + xs[b] <= 1)
-                    for gpu in node.gpus:
-                        if gpu.index in xs:
-                            for q in range(gpu.slices) if gpu.slices else (-1,):
-                                uses.setdefault((node.name, gpu.index, q), []).append(xs[gpu.index])
-                    if slot_vars:
-                        h.addConstr(slot_vars[-1] - y >= 0)
-                    slot_vars.append(y)
-                supply.extend(slot_vars)
-                continue
-            for gpu in node.gpus:
-                for compute, start, size in gpu.placements:
-                    if compute != shape.compute or size != shape.slices:
-                        continue
-                    z = h.addBinary()
-                    supply.append(z)
-                    for q in range(start, start + size):
-                        uses.setdefault((node.name, gpu.index, q), []).append(z)
-        if supply:
-            h.addConstr(sum(supply) <= count)
-            objective.extend(supply)
-    for variables in uses.values():
-        if len(variables) > 1:
-            h.addConstr(sum(variables) <= 1)
-    started = time.perf_counter()
-    if not objective:
-        return Optimum(admitted=0, proven=True, bound=0.0, seconds=0.0)
-    h.maximize(sum(objective))
-    seconds = time.perf_counter() - started
-    status = h.getModelStatus()
-    info = h.getInfo()
-    return Optimum(
-        admitted=round(h.getObjectiveValue()),
-        proven=status == highspy.HighsModelStatus.kOptimal,
-        bound=float(info.mip_dual_bound),
-        seconds=round(seconds, 3),
-    )
-
 
 # --- the benchmark -------------------------------------------------------------------------------
 
@@ -217,9 +77,18 @@ def shuffled_names(nodes: list[NodeHardware], seed: int) -> list[NodeHardware]:
     return [renamed_machine(hw, name) for hw, name in zip(nodes, names, strict=True)]
 
 
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    row: dict[str, Any]  # the policy's figures, as reported
+    held: list[Held]  # where it placed each claim it admitted, in arrival order
+    # stranded[j]: stranded GPUs once it had admitted j claims, just before the next arrival
+    # (after the departures listed before it): stranded[-1] is at its first failure
+    stranded: list[float]
+
+
 def replay(
     nodes: list[NodeHardware], ops: list[Op], classes: Mapping[str, DeviceClass], policy: Policy
-) -> dict[str, Any]:
+) -> Replayed:
     """One policy over the trace on a fresh fleet, up to its first failure: what it admitted."""
     fleet = FleetState()
     for hw in nodes:
@@ -229,11 +98,14 @@ def replay(
     arrivals = 0
     admitted_gpus = 0.0
     failed_at: int | None = None
+    held: list[Held] = []
+    stranded: list[float] = []
     for op in ops:
         if not isinstance(op, Arrival):
             fleet.release(op.uid)
             alive.pop(op.uid, None)
             continue
+        stranded.append(fleet.metrics().stranded_gpus)
         claim = Claim(namespace="bench", name=op.uid, uid=op.uid, spec=claim_spec(op.shape))
         decision = fleet.allocate(claim, classes, policy)
         if not isinstance(decision, Allocated):
@@ -243,8 +115,11 @@ def replay(
         admitted_gpus += op.shape.gpus()
         alive[op.uid] = op.shape
         nvlink.count(decision)
+        held.append(_held(decision))
     metrics = fleet.metrics()
-    return {
+    if failed_at is None:
+        stranded.append(metrics.stranded_gpus)
+    row = {
         "arrivals_before_first_failure": arrivals,
         "failed": failed_at is not None,
         "claims": arrivals,  # admitted before the first failure
@@ -255,6 +130,15 @@ def replay(
         "free_gpus": metrics.free_gpus,
         "nvlink": dataclasses.asdict(nvlink),
     }
+    return Replayed(row=row, held=held, stranded=stranded)
+
+
+def _held(decision: Allocated) -> Held:
+    devices = [d for d in decision.devices if not d.admin_access]
+    placement = devices[0].placement if len(devices) == 1 else None
+    if placement is not None:
+        return Held(decision.node, (devices[0].gpu_index,), placement.start, placement.size)
+    return Held(decision.node, tuple(sorted({d.gpu_index for d in devices})))
 
 
 def _alive_after(ops: list[Op], arrivals: int) -> list[ClaimShape]:
@@ -338,6 +222,119 @@ def failing_too(
     return None
 
 
+def migrating_prefix(
+    nodes: Sequence[Node],
+    ops: list[Op],
+    known: int,
+    *,
+    capacity_gpus: float,
+    time_limit_s: float,
+    solve: Callable[..., Optimum] = optimal_admitted,
+) -> tuple[int, bool, float]:
+    """The longest prefix of the trace whose claims alive at each of its arrivals fit at once
+    (exact ILPs, `solve`): the optimum of a policy free to rearrange every claim at every arrival.
+    `known` arrivals are known to fit (a policy admitted them).
+
+    Every arrival past `known` is checked, during the churn too. Between two departures the claims
+    alive only grow, so a run of arrivals is checked at its last one and searched (binary) for its
+    first failure only where that fails. Returns (arrivals, proven, seconds); a solve stopped by
+    its time limit without an answer counts as a failure, which understates the optimum, and the
+    result is then not proven.
+    """
+    runs: list[list[int]] = [[]]  # arrival counts 1..total, cut at each departure
+    seen = 0
+    for op in ops:
+        if isinstance(op, Arrival):
+            seen += 1
+            runs[-1].append(seen)
+        elif runs[-1]:
+            runs.append([])
+    proven = True
+    seconds = 0.0
+
+    def fits(arrivals: int) -> bool:
+        nonlocal proven, seconds
+        alive = _alive_after(ops, arrivals)
+        if sum(shape.gpus() for shape in alive) > capacity_gpus + 1e-9:
+            return False
+        optimum = solve(nodes, alive, time_limit_s=time_limit_s)
+        seconds += optimum.seconds
+        if optimum.admitted >= len(alive):
+            return True
+        if not optimum.proven and optimum.bound >= len(alive) - 0.5:
+            proven = False  # unknown: counted as not fitting
+        return False
+
+    for run in runs:
+        todo = [arrivals for arrivals in run if arrivals > known]
+        if not todo or fits(todo[-1]):
+            continue
+        lo, hi = todo[0] - 1, todo[-1]  # lo fits (known, or the end of the run before), hi does not
+        while hi - lo > 1:
+            middle = (lo + hi) // 2
+            if fits(middle):
+                lo = middle
+            else:
+                hi = middle
+        return lo, proven, round(seconds, 3)
+    return seen, proven, round(seconds, 3)
+
+
+def non_migrating_optimum(
+    packing: Sequence[PackingNode],
+    ops: list[Op],
+    replays: Mapping[Policy, Replayed],
+    migrating: int,
+    migrating_proven: bool,
+    *,
+    time_limit_s: float,
+) -> tuple[Optimum, str]:
+    """The longest prefix of the trace a policy that never moves a claim can admit (the policies'
+    best is a lower bound, the migrating optimum an upper one), and how it was known."""
+    leader = max(replays.values(), key=lambda r: r.row["claims"])
+    known = leader.row["claims"]
+    if migrating_proven:
+        same = Optimum(admitted=migrating, proven=True, bound=float(migrating), seconds=0.0)
+        if known >= migrating:
+            return same, "the migrating optimum, which a policy reaches without moving a claim"
+        if len(_alive_after(ops, migrating)) == migrating:
+            return same, "the migrating optimum: no claim departs before it, so its placement never moves"
+    optimum = non_migrating_admitted(
+        packing,
+        ops,
+        at_least=known,
+        at_most=migrating if migrating_proven else None,
+        hint=leader.held,
+        time_limit_s=time_limit_s,
+    )
+    return optimum, "ILP"
+
+
+def same_claims_stranded(replays: Mapping[Policy, Replayed], reference: Policy = "tangram") -> dict[str, Any]:
+    """Stranded GPUs of the reference policy and of each other one once both have admitted the
+    same claims: when the first of the two fails, both hold the claims of the same prefix (the
+    trace is the same), so what each strands then, and on average over that prefix, compares
+    placements alone."""
+    mine = replays[reference]
+    out: dict[str, Any] = {}
+    for policy, other in replays.items():
+        if policy == reference:
+            continue
+        claims = min(mine.row["claims"], other.row["claims"])
+
+        def mean(series: list[float], claims: int = claims) -> float:
+            return round(sum(series[1 : claims + 1]) / claims, 3) if claims else 0.0
+
+        out[policy] = {
+            "claims": claims,
+            reference: mine.stranded[claims],
+            policy: other.stranded[claims],
+            f"{reference}_mean": mean(mine.stranded),
+            f"{policy}_mean": mean(other.stranded),
+        }
+    return out
+
+
 def run_instance(
     fleet_spec: tuple[tuple[str, int], ...],
     seed: int,
@@ -347,33 +344,46 @@ def run_instance(
     churn_claims: int,
     saturation: float,
     time_limit_s: float,
+    non_migrating_time_limit_s: float,
 ) -> dict[str, Any]:
     nodes = shuffled_names(build_fleet(list(fleet_spec)), seed)
     capacity = fleet_gpus(nodes)
     ops = saturating_trace(
         seed, capacity, churn_claims=churn_claims, churn_load=CHURN_LOAD, saturation=saturation, mix=BENCH_MIX
     )
-    results = {policy: replay(nodes, ops, classes, policy) for policy in policies}
+    replays = {policy: replay(nodes, ops, classes, policy) for policy in policies}
+    results = {policy: r.row for policy, r in replays.items()}
     packing = [packing_node(hw) for hw in nodes]
-    found = failing_too(packing, ops, results.values(), churn_claims, time_limit_s=time_limit_s)
-    if found is not None:
-        best, proven, seconds = found
-    else:
-        known = max(churn_claims, *(r["arrivals_before_first_failure"] for r in results.values()))
-        best, proven, seconds = optimal_prefix(
-            packing, ops, known, capacity_gpus=capacity, time_limit_s=time_limit_s
-        )
-    arrived = [op.shape for op in ops if isinstance(op, Arrival)][:best]
-    optimum = {
+    known = max(r["claims"] for r in results.values())
+    best, proven, seconds = migrating_prefix(
+        packing, ops, known, capacity_gpus=capacity, time_limit_s=time_limit_s
+    )
+    arrived = [op.shape for op in ops if isinstance(op, Arrival)]
+    optimum: dict[str, Any] = {
         "arrivals_before_first_failure": best,
         "claims": best,
-        "gpus": round(sum(shape.gpus() for shape in arrived), 3),
+        "gpus": round(sum(shape.gpus() for shape in arrived[:best]), 3),
         "proven": proven,
         "seconds": seconds,
     }
+    held, how = non_migrating_optimum(
+        packing, ops, replays, best, proven, time_limit_s=non_migrating_time_limit_s
+    )
+    bound = min(int(held.bound + 1e-6), len(arrived))
+    non_migrating: dict[str, Any] = {
+        "claims": held.admitted,
+        "gpus": round(sum(shape.gpus() for shape in arrived[: held.admitted]), 3),
+        "proven": held.proven,
+        "bound": bound,  # no placement that never moves a claim admits more
+        "seconds": held.seconds,
+        "how": how,
+    }
     for result in results.values():
-        result["claims_ratio"] = round(result["claims"] / optimum["claims"], 4) if optimum["claims"] else 1.0
-        result["gpus_ratio"] = round(result["gpus"] / optimum["gpus"], 4) if optimum["gpus"] else 1.0
+        result["claims_ratio"] = _ratio(result["claims"], optimum["claims"])
+        result["gpus_ratio"] = _ratio(result["gpus"], optimum["gpus"])
+        result["claims_ratio_non_migrating"] = _ratio(result["claims"], non_migrating["claims"])
+        result["gpus_ratio_non_migrating"] = _ratio(result["gpus"], non_migrating["gpus"])
+        result["claims_ratio_non_migrating_bound"] = _ratio(result["claims"], bound)
     return {
         "trace": "churn" if churn_claims else "fill",
         "fleet": dict(fleet_spec),
@@ -381,11 +391,17 @@ def run_instance(
         "gpus": capacity,
         "seed": seed,
         "saturation": saturation,
-        "arrivals": sum(isinstance(op, Arrival) for op in ops),
+        "arrivals": len(arrived),
         "departures": sum(not isinstance(op, Arrival) for op in ops),
         "optimum": optimum,
+        "non_migrating": non_migrating,
         "policies": results,
+        "stranded_at_same_claims": same_claims_stranded(replays),
     }
+
+
+def _ratio(value: float, optimum: float) -> float:
+    return round(value / optimum, 4) if optimum else 1.0
 
 
 def summarize(instances: list[dict[str, Any]], policies: list[Policy]) -> dict[str, Any]:
@@ -396,6 +412,7 @@ def summarize(instances: list[dict[str, Any]], policies: list[Policy]) -> dict[s
             continue
         optimum_claims = sum(i["optimum"]["claims"] for i in chosen)
         optimum_gpus = sum(i["optimum"]["gpus"] for i in chosen)
+        held_claims = sum(i["non_migrating"]["claims"] for i in chosen)
         per_policy: dict[str, Any] = {}
         for policy in policies:
             rows = [i["policies"][policy] for i in chosen]
@@ -407,10 +424,17 @@ def summarize(instances: list[dict[str, Any]], policies: list[Policy]) -> dict[s
             per_policy[policy] = {
                 "claims": claims,
                 "gpus": round(gpus, 3),
-                "claims_ratio": round(claims / optimum_claims, 4) if optimum_claims else 1.0,
-                "gpus_ratio": round(gpus / optimum_gpus, 4) if optimum_gpus else 1.0,
+                "claims_ratio": _ratio(claims, optimum_claims),
+                "gpus_ratio": _ratio(gpus, optimum_gpus),
                 "mean_instance_claims_ratio": round(sum(r["claims_ratio"] for r in rows) / len(rows), 4),
                 "worst_instance_claims_ratio": min(r["claims_ratio"] for r in rows),
+                "claims_ratio_non_migrating": _ratio(claims, held_claims),
+                "mean_instance_claims_ratio_non_migrating": round(
+                    sum(r["claims_ratio_non_migrating"] for r in rows) / len(rows), 4
+                ),
+                "worst_instance_claims_ratio_non_migrating": min(
+                    r["claims_ratio_non_migrating"] for r in rows
+                ),
                 "stranded_gpus": round(sum(r["stranded_gpus"] for r in rows), 3),
                 **nvlink.report(),
             }
@@ -418,7 +442,34 @@ def summarize(instances: list[dict[str, Any]], policies: list[Policy]) -> dict[s
             "instances": len(chosen),
             "optimum": {"claims": optimum_claims, "gpus": round(optimum_gpus, 3)},
             "all_proven": all(i["optimum"]["proven"] for i in chosen),
+            "non_migrating": {
+                "claims": held_claims,
+                "gpus": round(sum(i["non_migrating"]["gpus"] for i in chosen), 3),
+                "bound": sum(i["non_migrating"]["bound"] for i in chosen),
+                "all_proven": all(i["non_migrating"]["proven"] for i in chosen),
+                "solved_by_ilp": sum(i["non_migrating"]["how"] == "ILP" for i in chosen),
+            },
             "policies": per_policy,
+            "stranded_at_same_claims": _stranded_summary(chosen),
+        }
+    return out
+
+
+def _stranded_summary(instances: list[dict[str, Any]], reference: str = "tangram") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for policy in instances[0]["stranded_at_same_claims"]:
+        rows = [i["stranded_at_same_claims"][policy] for i in instances]
+        mine = [r[reference] for r in rows]
+        theirs = [r[policy] for r in rows]
+        out[policy] = {
+            "claims": sum(r["claims"] for r in rows),
+            reference: round(sum(mine), 3),
+            policy: round(sum(theirs), 3),
+            f"{reference}_mean": round(sum(r[f"{reference}_mean"] for r in rows), 3),
+            f"{policy}_mean": round(sum(r[f"{policy}_mean"] for r in rows), 3),
+            "instances_fewer": sum(a < b for a, b in zip(mine, theirs, strict=True)),
+            "instances_equal": sum(a == b for a, b in zip(mine, theirs, strict=True)),
+            "instances_more": sum(a > b for a, b in zip(mine, theirs, strict=True)),
         }
     return out
 
@@ -438,6 +489,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a trace asks for this many times the fleet's GPUs (default 1.3)",
     )
     parser.add_argument("--time-limit", type=float, default=30.0, help="ILP time limit per solve, s")
+    parser.add_argument(
+        "--non-migrating-time-limit",
+        type=float,
+        default=300.0,
+        help="time limit of the non-migrating ILP per instance, s (default 300; unproven past it)",
+    )
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -445,10 +502,12 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         args.instances < 1
         or args.churn_claims < 1
         or args.time_limit <= 0
+        or args.non_migrating_time_limit <= 0
         or not 1.0 <= args.saturation <= 2.0
     ):
         raise ValueError(
-            "--instances and --churn-claims must be positive, --time-limit > 0, --saturation in [1, 2]"
+            "--instances and --churn-claims must be positive, --time-limit and"
+            " --non-migrating-time-limit > 0, --saturation in [1, 2]"
         )
     classes = shipped_classes()
     policies = list(POLICIES)
@@ -461,6 +520,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             churn_claims=churn,
             saturation=args.saturation,
             time_limit_s=args.time_limit,
+            non_migrating_time_limit_s=args.non_migrating_time_limit,
         )
         for churn in (0, args.churn_claims)
         for n in range(args.instances)
@@ -468,17 +528,30 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     summary = summarize(instances, policies)
     tangram = {trace: summary[trace]["policies"]["tangram"] for trace in summary}
     first_fit = summary["all"]["policies"]["first-fit"]
+    stranded = summary["all"]["stranded_at_same_claims"]
     return {
         "benchmark": "quality",
         "seed": args.seed,
         "metric": "claims (and their GPUs) admitted before the first failure, against the longest "
-        "prefix of the same trace whose claims alive an exact ILP (HiGHS) fits at every failure checked",
+        "prefix of the same trace whose claims alive an exact ILP (HiGHS) fits at each arrival (the "
+        "migrating optimum), and against the longest prefix whose claims an exact ILP gives each one "
+        "placement for its whole life (the non-migrating optimum)",
         "targets": TARGETS,
         "meets_targets": {
             "fill_claims_ratio": tangram["fill"]["claims_ratio"] >= TARGETS["fill_claims_ratio"],
             "churn_claims_ratio": tangram["churn"]["claims_ratio"] >= TARGETS["churn_claims_ratio"],
             "above_first_fit": tangram["all"]["mean_instance_claims_ratio"]
             > first_fit["mean_instance_claims_ratio"],
+            "fill_non_migrating_every_instance": tangram["fill"]["worst_instance_claims_ratio_non_migrating"]
+            >= TARGETS["fill_non_migrating_every_instance"],
+            "churn_non_migrating_every_instance": tangram["churn"][
+                "worst_instance_claims_ratio_non_migrating"
+            ]
+            >= TARGETS["churn_non_migrating_every_instance"],
+            **{
+                f"fewer_stranded_than_{policy.replace('-', '_')}": figures["tangram"] < figures[policy]
+                for policy, figures in stranded.items()
+            },
         },
         "summary": summary,
         "instances": instances,

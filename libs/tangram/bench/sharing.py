@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tangram.allocation import Allocated, Claim, DeviceClass, FleetState, Policy
-from tangram.bench.quality import Optimum, failing_too, optimal_prefix, shuffled_names, stdout_to_stderr
+from tangram.bench.packing import Optimum, stdout_to_stderr
+from tangram.bench.quality import failing_too, optimal_prefix, shuffled_names
 from tangram.bench.traces import (
     Arrival,
     ClaimShape,
