@@ -25,7 +25,8 @@ class Prometheus:
         self._dir = Path(tempfile.mkdtemp(prefix="tgm-prometheus-"))
         self.port = free_port()
         config = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
+            # a scrape may take the whole interval on a loaded machine before it counts as failed
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
             "rule_files": [str(path) for path in rule_files],
             "scrape_configs": [
                 {"job_name": job, "static_configs": [{"targets": list(targets)}]}
