@@ -128,6 +128,8 @@ def test_allocator_rbac_is_what_deciding_claims_needs() -> None:
     # Secret, and creates and deletes nothing else.
     grants = _grants(_by_kind("ClusterRole", "tangram-allocator"))
     assert grants == {
+        # from Kubernetes 1.36 an allocation written is also authorized as a claim's binding
+        ("resource.k8s.io", "resourceclaims/binding", "update"),
         ("resource.k8s.io", "resourceclaims", "get"),
         ("resource.k8s.io", "resourceclaims", "list"),
         ("resource.k8s.io", "resourceclaims", "watch"),
