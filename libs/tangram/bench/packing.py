@@ -91,6 +91,18 @@ def stdout_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
+def exact_solver(time_limit_s: float) -> Any:
+    """A silent HiGHS instance that solves to optimality (no relative gap), within the time limit."""
+    import highspy  # noqa: PLC0415 - the solver is needed by the benchmarks only
+
+    with stdout_to_stderr():
+        h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", float(time_limit_s))
+    h.setOptionValue("mip_rel_gap", 0.0)
+    return h
+
+
 def optimal_admitted(
     nodes: list[PackingNode], claims: list[ClaimShape], *, time_limit_s: float = 60.0
 ) -> Optimum:
@@ -114,11 +126,7 @@ def optimal_admitted(
     """
     import highspy  # noqa: PLC0415 - the solver is needed by this benchmark only
 
-    with stdout_to_stderr():
-        h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", float(time_limit_s))
-    h.setOptionValue("mip_rel_gap", 0.0)
+    h = exact_solver(time_limit_s)
     demand = Counter(claims)
     objective: list[Any] = []
     uses: dict[tuple[str, int, int], list[Any]] = {}  # (node, gpu, slice or -1) -> variables
@@ -325,11 +333,7 @@ def non_migrating_admitted(
     model.below.extend(_capacity_rows(nodes, claims, sets))
     solution = _hinted(model, admitted, claims, hint[:limit])
 
-    with stdout_to_stderr():
-        h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", float(time_limit_s))
-    h.setOptionValue("mip_rel_gap", 0.0)
+    h = exact_solver(time_limit_s)
     n = len(model.cost)
     h.addCols(n, model.cost, [0.0] * n, model.upper, 0, [], [], [])
     h.changeColsIntegrality(n, list(range(n)), [1] * n)  # all integer, within [0, 1]

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tangram.allocation import Allocated, Claim, DeviceClass, FleetState, Policy
-from tangram.bench.packing import Optimum, stdout_to_stderr
+from tangram.bench.packing import Optimum, exact_solver
 from tangram.bench.quality import failing_too, optimal_prefix, shuffled_names
 from tangram.bench.traces import (
     Arrival,
@@ -187,11 +187,7 @@ def optimal_sharing(
     """
     import highspy  # noqa: PLC0415 - the solver is needed by this benchmark only
 
-    with stdout_to_stderr():
-        h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", float(time_limit_s))
-    h.setOptionValue("mip_rel_gap", 0.0)
+    h = exact_solver(time_limit_s)
     demand = Counter(claims)
     objective: list[Any] = []
     uses: dict[tuple[str, int, int], list[Any]] = {}
