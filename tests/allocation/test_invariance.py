@@ -13,6 +13,7 @@ from tangram.bench.traces import (
     BENCH_MIX,
     FLEET_MIX,
     Arrival,
+    Op,
     build_fleet,
     churn_trace,
     claim_spec,
@@ -31,12 +32,12 @@ OPS = {
 }
 
 
-def admitted(nodes: list[NodeHardware], seed: int) -> int:
+def admitted(nodes: list[NodeHardware], ops: list[Op]) -> int:
     state = FleetState()
     for hw in nodes:
         state.apply_inventory(hw)
     count = 0
-    for op in OPS[seed]:
+    for op in ops:
         if not isinstance(op, Arrival):
             state.release(op.uid)
             continue
@@ -45,7 +46,7 @@ def admitted(nodes: list[NodeHardware], seed: int) -> int:
     return count
 
 
-BASELINE = {seed: admitted(FLEET, seed) for seed in OPS}
+BASELINE = {seed: admitted(FLEET, ops) for seed, ops in OPS.items()}
 
 
 @settings(max_examples=8, deadline=None)
@@ -58,7 +59,7 @@ def test_renaming_nodes_and_reordering_gpus_admit_the_same_claims(seed: int, shu
         shuffle.shuffle(gpus)
         nodes.append(renamed_machine(msgspec.structs.replace(hw, gpus=gpus), name))
     shuffle.shuffle(nodes)
-    assert admitted(nodes, seed) == BASELINE[seed]
+    assert admitted(nodes, OPS[seed]) == BASELINE[seed]
 
 
 KINDS = ("hgx-h200", "h100-nvl-4x2", "l40s-8")
@@ -70,21 +71,7 @@ CHURN = {
 }
 
 
-def churn_admitted(nodes: list[NodeHardware], seed: int) -> int:
-    state = FleetState()
-    for hw in nodes:
-        state.apply_inventory(hw)
-    count = 0
-    for op in CHURN[seed]:
-        if not isinstance(op, Arrival):
-            state.release(op.uid)
-            continue
-        claim = Claim(namespace="t", name=op.uid, uid=op.uid, spec=claim_spec(op.shape))
-        count += isinstance(state.allocate(claim, CLASSES), Allocated)
-    return count
-
-
-CHURN_BASELINE = {seed: churn_admitted(KIND_FLEET, seed) for seed in CHURN}
+CHURN_BASELINE = {seed: admitted(KIND_FLEET, ops) for seed, ops in CHURN.items()}
 
 
 @settings(max_examples=10, deadline=None)
@@ -105,4 +92,4 @@ def test_names_that_sort_the_kinds_in_any_order_admit_the_same_churn(
         shuffle.shuffle(gpus)
         name = f"{'abc'[rank]}{shuffle.getrandbits(16):04x}-{i}"
         nodes.append(renamed_machine(msgspec.structs.replace(hw, gpus=gpus), name))
-    assert churn_admitted(nodes, seed) == CHURN_BASELINE[seed]
+    assert admitted(nodes, CHURN[seed]) == CHURN_BASELINE[seed]
