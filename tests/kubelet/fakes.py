@@ -256,3 +256,24 @@ class WatchedSource(InMemoryAllocationSource):
                 raise
 
         return await super().wait_for(watched, timeout_s)
+
+
+def one_gpu_node(
+    node: str, uuid: str, *, index: int = 1, health: str = "healthy", reason: str = ""
+) -> NodeHardware:
+    """A node's inventory of one H100 (GPU `index`), healthy or not as told."""
+    gpu = GpuInfo(
+        index=index,
+        uuid=uuid,
+        name="NVIDIA H100 80GB HBM3",
+        product="H100-SXM5-80GB",
+        architecture="hopper",
+        cuda_compute_capability="9.0",
+        pci_bus_id="00000000:19:00.0",
+        minor=index,
+        memory_mib=81559,
+        multiprocessors=132,
+        health=health,  # type: ignore[arg-type]
+        health_reason=reason,
+    )
+    return NodeHardware(node=node, driver_version="580.95.5", gpus=[gpu])

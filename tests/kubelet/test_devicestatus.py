@@ -11,7 +11,7 @@ import kubernetes_validate
 import pytest
 
 from tangram.cdi.devices import ClaimRef, ResolvedAllocation, ResolvedDevice
-from tangram.events import DeviceShare, GpuInfo, NodeHardware
+from tangram.events import DeviceShare
 from tangram.kubelet.devicestatus import (
     GpuHealth,
     device_entries,
@@ -20,6 +20,7 @@ from tangram.kubelet.devicestatus import (
     with_entries,
     without_entries,
 )
+from tests.kubelet.fakes import one_gpu_node
 from tests.support.driver import DRIVER
 
 NODE = "node-a"
@@ -199,21 +200,7 @@ def test_a_gpu_gone_from_the_inventory_is_unknown_and_no_inventory_says_nothing(
 
 
 def test_health_is_read_from_the_inventory_by_gpu_uuid() -> None:
-    gpu = GpuInfo(
-        index=3,
-        uuid=GPU1,
-        name="NVIDIA H100 80GB HBM3",
-        product="H100-SXM5-80GB",
-        architecture="hopper",
-        cuda_compute_capability="9.0",
-        pci_bus_id="00000000:18:00.0",
-        minor=3,
-        memory_mib=81559,
-        multiprocessors=132,
-        health="unhealthy",
-        health_reason="XID 48",
-    )
-    hardware = NodeHardware(node=NODE, driver_version="580.95.5", gpus=[gpu])
+    hardware = one_gpu_node(NODE, GPU1, index=3, health="unhealthy", reason="XID 48")
     assert gpu_health(hardware) == {GPU1: GpuHealth(index=3, healthy=False, reason="XID 48")}
     assert gpu_health(None) is None
 

@@ -14,9 +14,10 @@ import pytest
 from prometheus_client import REGISTRY
 
 from tangram.cdi.devices import ClaimRef, ResolvedAllocation, ResolvedDevice
-from tangram.events import GpuInfo, NodeHardware
+from tangram.events import NodeHardware
 from tangram.kubelet.statuswriter import ClaimStatusWriter
 from tangram.kubernetes.api import connect
+from tests.kubelet.fakes import one_gpu_node
 from tests.kubernetes.api.apiserver import ApiError, LocalApiServer
 from tests.support.driver import DRIVER
 
@@ -78,21 +79,7 @@ def allocation(stored: dict[str, Any], *, pool: str = NODE) -> ResolvedAllocatio
 
 
 def hardware(health: str = "healthy", reason: str = "") -> NodeHardware:
-    gpu = GpuInfo(
-        index=1,
-        uuid=GPU1,
-        name="NVIDIA H100 80GB HBM3",
-        product="H100-SXM5-80GB",
-        architecture="hopper",
-        cuda_compute_capability="9.0",
-        pci_bus_id="00000000:19:00.0",
-        minor=1,
-        memory_mib=81559,
-        multiprocessors=132,
-        health=health,  # type: ignore[arg-type]
-        health_reason=reason,
-    )
-    return NodeHardware(node=NODE, driver_version="580.95.5", gpus=[gpu])
+    return one_gpu_node(NODE, GPU1, health=health, reason=reason)
 
 
 def writes(result: str) -> float:
