@@ -126,9 +126,10 @@ class Grouping:
         if gang.nvlink_domain:
             # a node serves one NVLink domain at a time: its IMEX daemon's nodes config is one list
             fenced |= {n for other, channel in self.domains.items() if other != domain for n in channel.nodes}
+        claims = [claim_of(m) for m in open_requests]
         placed: GangPlaced | Failed = place_gang(
             self.fleet,
-            [claim_of(m) for m in open_requests],
+            claims,
             classes,
             self.policy,
             group=gang.group,
@@ -150,7 +151,7 @@ class Grouping:
         kept: list[str] = []
         if placed.cause == "capacity":
             preempting, reason, kept = self._preempt_for_group(
-                request, open_requests, classes, fenced, placed
+                request, open_requests, classes, claims=claims, fenced=fenced, failed=placed
             )
         first_in_line = not any(
             key != own and hold.priority >= request.priority for key, hold in self.gang_holds.items()
@@ -160,7 +161,7 @@ class Grouping:
         if placed.cause == "capacity" and first_in_line and not kept:
             kept = nodes_to_hold(
                 self.fleet,
-                [claim_of(m) for m in open_requests],
+                claims,
                 classes,
                 self.policy,
                 nvlink_domain=gang.nvlink_domain,
@@ -172,11 +173,11 @@ class Grouping:
                 )
         reason += f"; nodes {', '.join(kept)} are kept for it meanwhile" if kept else ""
         outputs += preempting
-        for member in open_requests:
+        for member, claim in zip(open_requests, claims, strict=True):
             self.decided[member.uid] = "failed"
             if placed.cause == "capacity":
                 # counted in the demand mix as a replay of the failure counts it
-                self.fleet.note_demand(claim_of(member), classes)
+                self.fleet.note_demand(claim, classes)
             failure = self._gang_failure(member, request, reason, placed.cause)
             standing = self.reservations.get(member.uid)
             outputs.append(
@@ -191,6 +192,8 @@ class Grouping:
         request: ClaimRequested,
         members: list[ClaimRequested],
         classes: Mapping[str, DeviceClass],
+        *,
+        claims: list[Claim],
         fenced: set[str],
         failed: Failed,
     ) -> tuple[list[Event], str, list[str]]:
@@ -226,7 +229,7 @@ class Grouping:
             return [], failed.reason, []
         plan = plan_gang_preemption(
             self.fleet,
-            [claim_of(m) for m in members],
+            claims,
             classes,
             self.policy,
             nvlink_domain=gang.nvlink_domain,
