@@ -15,6 +15,7 @@ import pynvml
 from tangram.hardware.catalogue import CI_INDEX_BY_SLICES, GpuProduct
 from tangram.hardware.machines import MachineSpec, load_machine
 from tangram.nvml.sim import computemode, handles, mig, wiring
+from tangram.nvml.sim.activity import busy_percent, power_mw
 from tangram.nvml.sim.hooks import SimHooks
 from tangram.nvml.sim.state import (
     SimComputeInstance,
@@ -26,11 +27,6 @@ from tangram.nvml.sim.state import (
 )
 
 MIB = 1024 * 1024
-# The simulator's power model: every GPU draws a tenth of a 700 W limit idle, the rest as its
-# processes keep it busy (an H100 or H200 SXM's limit; what the telemetry tests need is that busier
-# GPUs draw more).
-SIM_POWER_LIMIT_W = 700
-IDLE_POWER_SHARE = 0.1
 _NO_ID = 0xFFFFFFFF
 _FABRIC_STATES = {
     "not-started": pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED,
@@ -224,7 +220,7 @@ class SimNvml(SimHooks):
             gpu = self._alive(state, d.gpu)
             if d.kind == handles.MIG_DEVICE or gpu.mig_current == pynvml.NVML_DEVICE_MIG_ENABLE:
                 raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
-            busy = min(100, sum(p.sm_percent for p in gpu.processes))
+            busy = busy_percent(gpu.processes)
             rates = pynvml.c_nvmlUtilization_t()
             rates.gpu, rates.memory = busy, busy // 2
             return rates
@@ -233,10 +229,7 @@ class SimNvml(SimHooks):
         """Milliwatts: an idle floor plus the share of the power limit its processes keep busy."""
         d = self._gpu_index(device)
         with self._op("nvmlDeviceGetPowerUsage") as state:
-            gpu = self._alive(state, d.gpu)
-            busy = min(100, sum(p.sm_percent for p in gpu.processes)) / 100
-            limit_mw = SIM_POWER_LIMIT_W * 1000
-            return int(limit_mw * (IDLE_POWER_SHARE + (1 - IDLE_POWER_SHARE) * busy))
+            return power_mw(self._alive(state, d.gpu).processes)
 
     def nvmlDeviceGetCudaComputeCapability(self, device: Any) -> tuple[int, int]:
         d = self._gpu_index(device, mig_ok=True)

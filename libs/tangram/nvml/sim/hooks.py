@@ -8,6 +8,7 @@ from contextlib import contextmanager
 import pynvml
 
 from tangram.nvml.migminors import render_mig_minors
+from tangram.nvml.sim.activity import busy_percent
 from tangram.nvml.sim.state import SimFault, SimProcess, SimState, StateStore
 
 
@@ -64,7 +65,7 @@ class SimHooks:
             processes = txn.state.gpus[gpu].processes
             if gpu_instance_id is not None:
                 processes = [p for p in processes if p.gpu_instance_id == gpu_instance_id]
-            return min(100, sum(p.sm_percent for p in processes)) / 100
+            return busy_percent(processes) / 100
 
     def sim_detach_process(self, pid: int) -> None:
         with self._sim_state() as state:
