@@ -1,12 +1,18 @@
 # One image recipe for every Tangram service; each image installs only its service's extras.
 #   docker build --build-arg SERVICE_EXTRAS=allocator -t tangram-allocator .
 #   docker build --build-arg SERVICE_EXTRAS=discovery,partitioner,cdi -t tangram-node .
-# The container runs `python -m services.$SERVICE` (SERVICE is set at run time).
+# The container runs `python -m services.$SERVICE` (SERVICE is set at run time), or the NATS server
+# of the `embedded` extra when SERVICE=nats (docker-compose.yml).
+# BASE_IMAGE is any Debian-like image with Python 3.11+ as `python3`, its venv module, CA certificates
+# and useradd: the public Python image by default; the tests build on one made from Debian's own
+# packages (tangram.local.docker), so the stack builds from nothing but package registries.
 
-FROM python:3.11-slim AS build
+ARG BASE_IMAGE=python:3.11-slim
+
+FROM ${BASE_IMAGE} AS build
 ARG SERVICE_EXTRAS=""
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN python -m venv /opt/tangram
+RUN python3 -m venv /opt/tangram
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY libs ./libs
@@ -15,7 +21,7 @@ COPY services ./services
 RUN if [ -n "$SERVICE_EXTRAS" ]; then target=".[$SERVICE_EXTRAS]"; else target="."; fi \
     && /opt/tangram/bin/pip install "$target"
 
-FROM python:3.11-slim
+FROM ${BASE_IMAGE}
 ARG SERVICE_EXTRAS=""
 LABEL org.opencontainers.image.title="tangram" \
       org.opencontainers.image.description="Tangram DRA driver for NVIDIA GPUs" \
@@ -23,8 +29,9 @@ LABEL org.opencontainers.image.title="tangram" \
 RUN groupadd --system --gid 10001 tangram \
     && useradd --system --uid 10001 --gid tangram --home-dir /nonexistent --shell /usr/sbin/nologin tangram
 # Owned by the service user so that named volumes mounted here (docker compose) are writable.
-RUN mkdir -p /var/lib/tangram /var/run/cdi /var/lib/kubelet/plugins /var/lib/kubelet/plugins_registry \
-    && chown 10001:10001 /var/lib/tangram /var/run/cdi /var/lib/kubelet/plugins /var/lib/kubelet/plugins_registry
+RUN mkdir -p /var/lib/tangram /var/lib/nats /var/run/cdi /var/lib/kubelet/plugins /var/lib/kubelet/plugins_registry \
+    && chown 10001:10001 /var/lib/tangram /var/lib/nats /var/run/cdi /var/lib/kubelet/plugins \
+       /var/lib/kubelet/plugins_registry
 COPY --from=build /opt/tangram /opt/tangram
 COPY deploy/docker/entrypoint.sh /usr/local/bin/tangram-entrypoint
 ENV PATH=/opt/tangram/bin:$PATH \

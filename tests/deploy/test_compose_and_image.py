@@ -24,11 +24,28 @@ def test_settings_scan_finds_the_shared_variables() -> None:
     assert {"TANGRAM_SIM", "TANGRAM_CDI_DIR", "TANGRAM_POLICY"} <= found
 
 
-def test_compose_runs_nats_with_jetstream_and_every_service() -> None:
+def test_compose_runs_nats_with_jetstream_from_tangrams_image_unless_told() -> None:
     services = _compose()["services"]
-    assert services["nats"]["image"].startswith("nats:")
+    # the allocator's image, which carries the nats-server of the `embedded` extra
+    assert services["nats"]["image"] == "${TANGRAM_NATS_IMAGE:-tangram-allocator:dev}"
+    assert services["allocator"]["image"] == "tangram-allocator:dev"
+    assert "embedded" in services["allocator"]["build"]["args"]["SERVICE_EXTRAS"].split(",")
+    assert services["nats"]["environment"]["SERVICE"] == "nats"
     assert "-js" in services["nats"]["command"]
     assert set(services) >= SERVICES
+
+
+def test_compose_builds_on_the_base_image_it_is_given() -> None:
+    for name in ("allocator", "discovery"):
+        args = _compose()["services"][name]["build"]["args"]
+        assert args["BASE_IMAGE"] == "${TANGRAM_BASE_IMAGE:-python:3.11-slim}"
+
+
+def test_compose_publishes_ports_on_the_hosts_loopback_only() -> None:
+    # NATS runs without authentication here: nothing may listen on the host's other interfaces
+    for name, service in _compose()["services"].items():
+        for port in service.get("ports", []):
+            assert port.startswith("127.0.0.1:"), (name, port)
 
 
 def test_compose_runs_a_three_server_nats_cluster_and_services_replicate_streams_on_it() -> None:
@@ -44,7 +61,7 @@ def test_compose_runs_a_three_server_nats_cluster_and_services_replicate_streams
         names.add(command[command.index("--server_name") + 1])
     assert len(names) == 3
     for name, service in services.items():
-        if name.startswith("nats"):
+        if name.startswith("nats") or name == "driver-root":
             continue
         environment = service["environment"]
         assert set(environment["TANGRAM_NATS_URL"].split(",")) == {f"nats://{s}:4222" for s in servers}
@@ -54,7 +71,7 @@ def test_compose_runs_a_three_server_nats_cluster_and_services_replicate_streams
 def test_compose_services_exist_and_set_only_known_variables() -> None:
     known = settings_env_vars()
     for name, service in _compose()["services"].items():
-        if name.startswith("nats"):
+        if name.startswith("nats") or name == "driver-root":
             continue
         environment = service["environment"]
         module = environment["SERVICE"]
@@ -99,13 +116,14 @@ def test_dockerfile_copies_existing_paths_and_runs_as_non_root() -> None:
     assert sources, "no COPY lines found"
     for source in sources:
         assert (ROOT / source).exists(), source
-    assert re.search(r"^FROM python:3\.11-slim AS build$", text, flags=re.MULTILINE)
+    assert re.search(r"^ARG BASE_IMAGE=python:3\.11-slim$", text, flags=re.MULTILINE)
+    assert re.findall(r"^FROM (.+)$", text, flags=re.MULTILINE) == ["${BASE_IMAGE} AS build", "${BASE_IMAGE}"]
     assert re.search(r"^USER 10001:10001$", text, flags=re.MULTILINE)
     assert "ARG SERVICE_EXTRAS" in text
     entrypoint = (ROOT / "deploy/docker/entrypoint.sh").read_text()
-    assert (
-        'allocator|discovery|partitioner|cdi|authcallout|admission) module="services.$SERVICE"' in entrypoint
-    )
+    services = "allocator|discovery|partitioner|cdi|authcallout|admission|ui"
+    assert f'{services}) module="services.$SERVICE"' in entrypoint
+    assert 'exec nats-server "$@"' in entrypoint
     assert 'exec python -m "$module"' in entrypoint
     assert (ROOT / "deploy/docker/entrypoint.sh").stat().st_mode & 0o111
 

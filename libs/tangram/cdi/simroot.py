@@ -2,11 +2,18 @@
 
 Libraries are real files named by the full driver version with their soname links, as on a
 node; device nodes are plain files since only their presence is looked at.
+
+`python -m tangram.cdi.simroot ROOT --machine NAME` lays one out for a simulated machine's driver,
+where a simulated node runs in containers (docker-compose.yml), as the driver's installer would.
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
 from pathlib import Path
+
+from tangram.hardware.machines import MachineError, load_machine
 
 LIBRARY_DIR = "usr/lib/x86_64-linux-gnu"
 # (library, soname link or "" where the library's soname is its versioned name)
@@ -60,3 +67,22 @@ def lay_out_driver_root(
     for minor in cap_minors:
         (dev / "nvidia-caps" / f"nvidia-cap{minor}").touch()
     return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tangram.cdi.simroot", description=__doc__)
+    parser.add_argument("root", type=Path, help="the folder to lay the driver install out in")
+    parser.add_argument("--machine", required=True, help="a shipped machine name or a machine YAML file")
+    args = parser.parse_args(argv)
+    try:
+        version = load_machine(args.machine).driver_version
+        lay_out_driver_root(args.root, version)
+    except (MachineError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"driver {version} laid out in {args.root}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
