@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck layers unit venv proto clean schema chromium prometheus controlplane helm monitoring-crds manifests test-kubernetes
+.PHONY: demo test lint typecheck layers unit venv proto clean schema chromium prometheus docker controlplane helm monitoring-crds manifests test-kubernetes
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,7 +27,7 @@ typecheck: $(STAMP)
 layers: $(STAMP)
 	$(BIN)/lint-imports
 
-unit: $(STAMP) chromium prometheus controlplane helm monitoring-crds
+unit: $(STAMP) chromium prometheus docker controlplane helm monitoring-crds
 	$(BIN)/pytest -q
 
 # The web view's screenshot test drives headless Chromium (Debian's package). Installed once, as
@@ -42,6 +42,16 @@ prometheus:
 	@command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || { \
 		apt-get update -qq >/dev/null && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
+
+# The compose test runs `docker compose up --build` for real: Debian's Docker engine (docker.io) and
+# mmdebstrap (the base image is made from Debian's packages, tests/compose/), installed once as
+# root with apt, and Docker's compose plugin, which Debian does not package, built from its Go
+# module once per version into ~/.cache/tangram/compose/ (or $$XDG_CACHE_HOME), like Helm.
+docker: $(STAMP)
+	@command -v dockerd >/dev/null 2>&1 && command -v mmdebstrap >/dev/null 2>&1 || { \
+		apt-get update -qq >/dev/null && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io mmdebstrap >/dev/null; }
+	@$(BIN)/python -m tangram.local.docker build
 
 # The Kubernetes control plane the tests run (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler in one Go program, tools/controlplane/), for the newest Kubernetes and the oldest
