@@ -27,6 +27,7 @@ from tangram.cdi import (
 from tangram.cdi.devices import ImexGrant
 from tangram.cdi.driver import DriverFiles
 from tangram.cdi.spec import allocation_from_spec
+from tangram.cdi.validation import schema_problems
 from tests.kubelet.fakes import schema_validator
 
 TESTDATA = Path(__file__).parent / "testdata"
@@ -222,3 +223,67 @@ def test_writer_refuses_a_symlinked_spec_path(tmp_path: Path) -> None:
     with pytest.raises(InvalidName, match="would leave"):
         CdiSpecWriter(cdi, kind=KIND).write(two_device_claim())
     assert not outside.exists()
+
+
+def _mutations(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[tuple[Any, ...], Any]]:
+    """(path, replacement) for every place in a spec: a value of another JSON type, and for
+    object members also their removal (the replacement `_REMOVED`)."""
+    found: list[tuple[tuple[Any, ...], Any]] = []
+    if path:
+        wrong: Any = 7 if isinstance(value, str) else "seven"
+        found.append((path, wrong))
+        if isinstance(path[-1], str):
+            found.append((path, _REMOVED))
+        if isinstance(value, list):
+            found.append((path, {}))
+    children = (
+        value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else []
+    )
+    for key, child in children:
+        found.extend(_mutations(child, (*path, key)))
+    return found
+
+
+_REMOVED = object()
+
+
+def _mutated(spec: dict[str, Any], path: tuple[Any, ...], replacement: Any) -> dict[str, Any]:
+    copy: Any = json.loads(json.dumps(spec))
+    parent = copy
+    for key in path[:-1]:
+        parent = parent[key]
+    if replacement is _REMOVED:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = replacement
+    result: dict[str, Any] = copy
+    return result
+
+
+def test_the_compiled_schema_and_the_reference_validator_agree_on_every_mutation_of_a_spec() -> None:
+    # the compiled schema decides alone for a valid spec: it must refuse exactly what the
+    # reference validator of the official schema refuses
+    grant = ImexGrant(domain="ml/train", channel=5, nodes=["tray-1"])
+    files = DriverFiles(
+        version="580.95.05",
+        library_dir="/usr/lib/x86_64-linux-gnu",
+        libraries=("/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05",),
+        binaries=("/usr/bin/nvidia-smi",),
+        firmware=("/lib/firmware/nvidia/580.95.05/gsp_ga10x.bin",),
+        control_nodes=("/dev/nvidiactl",),
+    )
+    allocation = msgspec.structs.replace(two_device_claim(), imex=grant)
+    spec = build_spec(
+        allocation, kind=KIND, driver=files, hook_path=PurePosixPath("/usr/bin/nvidia-cdi-hook")
+    )
+    assert schema_problems(spec) == []
+    reference = schema_validator()
+    mutations = _mutations(spec)
+    refused = 0
+    for path, replacement in mutations:
+        mutated = _mutated(spec, path, replacement)
+        expected = [e.message for e in reference.iter_errors(mutated)]
+        found = schema_problems(mutated)
+        assert bool(found) == bool(expected), (path, replacement, found, expected)
+        refused += bool(expected)
+    assert len(mutations) > 100 and refused > 80
