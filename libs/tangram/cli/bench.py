@@ -16,6 +16,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "tangram.bench.sharing",
         "small inference claims sharing GPUs vs whole-GPU allocation, first-fit sharing and an ILP optimum",
     ),
+    "e2e": (
+        "tangram.bench.e2e",
+        "claim -> CDI ready through every service at a sustained rate, with where the time goes",
+    ),
     "prepare": ("tangram.bench.prepare", "kubelet NodePrepareResources latency with concurrent claims"),
     "kubernetes": (
         "tangram.bench.kubernetes",
