@@ -236,3 +236,26 @@ def test_xid_event_reaches_event_set() -> None:
     with pytest.raises(pynvml.NVMLError_Timeout):
         sim.nvmlEventSetWait(events, 0)
     sim.nvmlEventSetFree(events)
+
+
+def test_xid_events_written_by_another_process_reach_a_waiting_event_set_one_by_one(tmp_path: Path) -> None:
+    # the discovery's watcher and the injecting process share the state file; waits that find the
+    # file unchanged do not read it again, so each event must still be delivered once, in order
+    state = tmp_path / "node.json"
+    watcher = _sim("l40s-8", state)
+    injector = _sim("l40s-8", state)
+    events = watcher.nvmlEventSetCreate()
+    for index in (1, 3):
+        watcher.nvmlDeviceRegisterEvents(
+            watcher.nvmlDeviceGetHandleByIndex(index), pynvml.nvmlEventTypeXidCriticalError, events
+        )
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        watcher.nvmlEventSetWait(events, 30)
+    injector.sim_inject_xid(3, 48)
+    injector.sim_inject_xid(1, 79)
+    injector.sim_inject_xid(3, 94)
+    seen = [watcher.nvmlEventSetWait(events, 1000).eventData for _ in range(3)]
+    assert sorted(seen) == [48, 79, 94]
+    assert seen.index(48) < seen.index(94)  # one GPU's events in the order they came
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        watcher.nvmlEventSetWait(events, 30)

@@ -649,18 +649,24 @@ class SimNvml(SimHooks):
     def nvmlEventSetWait(self, eventSet: Any, timeoutms: int) -> Any:
         registered = self._event_set(eventSet)
         deadline = time.monotonic() + timeoutms / 1000
+        looked: tuple[int, int, int] | None = None
         while True:
-            with self._op("nvmlEventSetWait") as state:
-                for gpu, seen in sorted(registered.items()):
-                    events = state.gpus[gpu].xid_events
-                    if len(events) > seen:
-                        registered[gpu] = seen + 1
-                        data = pynvml.c_nvmlEventData_t()
-                        data.device = handles.make(handles.DEVICE, gpu)
-                        data.eventType = pynvml.nvmlEventTypeXidCriticalError
-                        data.eventData = events[seen]
-                        data.gpuInstanceId = data.computeInstanceId = _NO_ID
-                        return data
+            # A state file unchanged since the last look has no new event: the poll stays a stat,
+            # as real NVML's wait costs nothing while no event comes.
+            stamp = self._store.stamp()
+            if stamp is None or stamp != looked:
+                looked = stamp
+                with self._op("nvmlEventSetWait") as state:
+                    for gpu, seen in sorted(registered.items()):
+                        events = state.gpus[gpu].xid_events
+                        if len(events) > seen:
+                            registered[gpu] = seen + 1
+                            data = pynvml.c_nvmlEventData_t()
+                            data.device = handles.make(handles.DEVICE, gpu)
+                            data.eventType = pynvml.nvmlEventTypeXidCriticalError
+                            data.eventData = events[seen]
+                            data.gpuInstanceId = data.computeInstanceId = _NO_ID
+                            return data
             if time.monotonic() >= deadline:
                 raise _fail(pynvml.NVML_ERROR_TIMEOUT)
             time.sleep(min(0.01, max(deadline - time.monotonic(), 0)))

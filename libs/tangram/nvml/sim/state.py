@@ -128,6 +128,18 @@ class StateStore:
             finally:
                 fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
+    def stamp(self) -> tuple[int, int, int] | None:
+        """What changes whenever the state file is replaced (every write renames a new file over
+        it): a caller that polls can tell nothing changed without the lock or a read. None in
+        memory or before the file exists."""
+        if self._path is None:
+            return None
+        try:
+            status = os.stat(self._path)
+        except FileNotFoundError:
+            return None
+        return (status.st_ino, status.st_mtime_ns, status.st_size)
+
     def _read(self) -> SimState | None:
         assert self._path is not None
         if not self._path.exists():
