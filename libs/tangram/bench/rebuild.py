@@ -23,6 +23,7 @@ from tangram.allocation import FleetState
 from tangram.allocation.ledger import Ledger
 from tangram.bench.traces import FLEET_MIX, Arrival, build_fleet, churn_trace, claim_spec, mean_demand
 from tangram.bus import Bus, BusConfig, allocator_log_sources
+from tangram.bus.replay import collector_paused
 from tangram.events import (
     CLAIMS_STREAM,
     INVENTORY_STREAM,
@@ -83,8 +84,10 @@ def make_log(
 
 
 def fold(ledger: Ledger, events: list[Event]) -> None:
-    for event in events:
-        ledger.apply(event, live=False)
+    """The fold of the allocator's replay (`replay_into`), on events already decoded."""
+    with collector_paused():
+        for event in events:
+            ledger.apply(event, live=False)
 
 
 async def _replay(bus: Bus, each: Callable[[Event], object]) -> int:

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from datetime import datetime
 from functools import partial
 
@@ -192,14 +192,11 @@ async def replay_into(
     An event `each` raises on is reported and skipped: a start-up that stops at one bad event
     of the log would stop at it again on every restart.
 
-    The cyclic garbage collector waits until the end: `each` folds the log into long-lived state,
-    and every full collection on the way walks all of it again (a third of a 60,000-event
-    rebuild's time, tangram bench rebuild). Nearly all a replay discards goes by reference count.
+    `each` folds the log into long-lived state, so the cyclic collector waits until the end
+    (`collector_paused`).
     """
     count = 0
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         for stream, subjects in sources:
             async for sequence, event in replay(link, stream, subjects=subjects):
                 if on_position is not None:
@@ -209,10 +206,22 @@ async def replay_into(
                 except Exception as exc:
                     _skipped(stream, "refused", event.subject, sequence, exc)
                 count += 1
+    return count
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a log is folded into long-lived state: every full
+    collection on the way walks all of that state again, so their cost grows with the log (a
+    third of a 60,000-event rebuild's time, tangram bench rebuild). Nearly everything a fold
+    discards is freed by reference count. The collector is turned back on if it was on."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
     finally:
         if collecting:
             gc.enable()
-    return count
 
 
 def _skipped(stream: str, why: str, subject: str, sequence: int, error: BaseException) -> None:
