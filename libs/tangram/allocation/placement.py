@@ -20,7 +20,7 @@ few distinct states costs a few dozen scores per decision.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
@@ -33,7 +33,7 @@ from tangram.allocation.node import NodeState
 from tangram.allocation.requests import Alternative
 from tangram.allocation.shape import NodeShape
 
-_OPTIONS_CACHED = 100_000
+_RETIRED_KEPT = 10_000  # groups gone (no node in that state now) whose options stay cached
 _COMBINATIONS_LIMIT = 512  # GPU sets scored per node state; larger nodes take the first ones
 
 
@@ -48,6 +48,44 @@ class Option:
     mode_changes: int
     creates: int
     leaves: tuple[int, int]  # (free whole GPUs, free memory slices) after: fuller first
+
+
+Tail = tuple[int, int, tuple[int, int], tuple[int, ...]]  # (mode changes, creates, leaves, devices)
+
+
+@dataclass(frozen=True, slots=True)
+class Reduced:
+    """A group's options for a kind, as far as choose() can tell them apart: those of the best
+    NVLink quality only (quality comes first on the node), one per loss taken (the least tail of
+    those that take the same), and none that another takes no more of every kind from with a
+    lesser tail (weights are never negative, so that one's loss is never lower)."""
+
+    quality: float
+    entries: tuple[tuple[tuple[tuple[int, int], ...], Tail, Option], ...]  # (delta, tail, option)
+
+
+class _Group:
+    """A group's members (the list in DemandIndex.groups) and its reduced options per kind."""
+
+    __slots__ = ("key", "members", "reduced", "signature")
+
+    def __init__(self, key: tuple[Any, ...], members: list[str]) -> None:
+        self.key = key
+        self.signature: str = key[0]
+        self.members = members
+        self.reduced: dict[int, Reduced] = {}  # by DemandIndex._kind_ids
+
+
+class _KindView:
+    """The groups a kind fits on, and those not yet looked at for it: most groups fit a given kind
+    nowhere (no room for 8 GPUs, no MIG slice of the size), and a decision walks only the others."""
+
+    __slots__ = ("fit", "pending")
+
+    def __init__(self, records: Iterable[_Group]) -> None:
+        # Keyed by the group itself (its identity), not by its state key: no hashing of that.
+        self.fit: dict[_Group, None] = {}
+        self.pending: dict[_Group, None] = dict.fromkeys(records)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +109,12 @@ class DemandIndex:
         self._shapes = shapes
         self._eligible = eligible
         self.groups: dict[tuple[Any, ...], list[str]] = {}
+        # The same groups, in the same order, with what choose() keeps of their options: looked up
+        # without hashing a group key (a few hundred ints) per group and decision.
+        self._records: dict[tuple[Any, ...], _Group] = {}
+        self._kind_ids: dict[tuple[Any, ...], int] = {}
+        self._views: dict[int, _KindView] = {}  # by kind id
+        self._signature_members: dict[str, int] = {}  # nodes filed per shape signature
         self._group_of: dict[str, tuple[Any, ...]] = {}
         self._sample: dict[str, NodeState] = {}  # a node per shape signature, for eligibility
         self.tracked: list[ClaimKind] = []
@@ -78,7 +122,9 @@ class DemandIndex:
         self.supply: list[int] = []
         self._fits: dict[FitState, tuple[int, ...]] = {}
         self._wants: dict[tuple[str, tuple[Any, ...]], Want | None] = {}
-        self._options: dict[tuple[Any, ...], tuple[tuple[Option, tuple[tuple[int, int], ...]], ...]] = {}
+        # Groups no node is in now, with their options: states come back (a claim released leaves
+        # the node as it was before), and their options are not worked out again.
+        self._retired: dict[tuple[Any, ...], _Group] = {}
         for kind in self.demand.kinds.values():
             self._track(kind)
 
@@ -97,7 +143,19 @@ class DemandIndex:
         if old is not None:
             self.fits(fit_state(old))
             self._leave(node.name, old)
-        insort(self.groups.setdefault(key, []), node.name)
+        members = self.groups.get(key)
+        if members is None:
+            members = self.groups[key] = []
+            record = self._retired.pop(key, None)
+            if record is None:
+                record = _Group(key, members)
+            else:
+                record.members = members
+            self._records[key] = record
+            for view in self._views.values():
+                view.pending[record] = None
+        insort(members, node.name)
+        self._signature_members[key[0]] = self._signature_members.get(key[0], 0) + 1
         self._group_of[node.name] = key
         self._add_supply(fit_state(key), 1)
 
@@ -123,8 +181,16 @@ class DemandIndex:
         position = bisect_left(members, name)
         if position < len(members) and members[position] == name:
             del members[position]
+        self._signature_members[key[0]] -= 1
         if not members:
             del self.groups[key]
+            record = self._records.pop(key)
+            for view in self._views.values():
+                view.fit.pop(record, None)
+                view.pending.pop(record, None)
+            if len(self._retired) >= _RETIRED_KEPT:
+                self._retired.clear()
+            self._retired[key] = record
         self._add_supply(fit_state(key), -1)
 
     def _add_supply(self, state: FitState, sign: int) -> None:
@@ -148,7 +214,7 @@ class DemandIndex:
             if tracked is not self.tracked:
                 self.tracked, self._position, self.supply = tracked, position, supply
                 self._fits.clear()
-                self._options.clear()
+                self._forget_options()
 
         return undo
 
@@ -159,7 +225,7 @@ class DemandIndex:
         self.tracked = sorted([*self.tracked, kind], key=lambda k: k.order)
         self._position = {k.key: i for i, k in enumerate(self.tracked)}
         self._fits.clear()
-        self._options.clear()
+        self._forget_options()
         supply = [0] * len(self.tracked)
         try:
             for key, members in self.groups.items():
@@ -170,9 +236,16 @@ class DemandIndex:
             # The kind is not tracked after all; the caches are derived and fill again.
             self.tracked, self._position, self.supply = before
             self._fits.clear()
-            self._options.clear()
+            self._forget_options()
             raise
         self.supply = supply
+
+    def _forget_options(self) -> None:
+        """The options' losses are by kind position: gone when the kinds tracked change."""
+        self._retired.clear()
+        self._views.clear()
+        for record in self._records.values():
+            record.reduced.clear()
 
     def want(self, signature: str, kind: ClaimKind) -> Want | None:
         cache_key = (signature, kind.key)
@@ -200,33 +273,32 @@ class DemandIndex:
         return found
 
     def weights(self) -> list[float]:
+        weight = self.demand.weight
         return [
-            self.demand.weight(kind.key) / max(supply, 1)
-            for kind, supply in zip(self.tracked, self.supply, strict=True)
+            weight(kind.key) / max(supply, 1) for kind, supply in zip(self.tracked, self.supply, strict=True)
         ]
 
     # --- options on a group ----------------------------------------------------------------------
 
-    def options(
-        self, key: tuple[Any, ...], node: NodeState, kind: ClaimKind, want: Want
-    ) -> tuple[tuple[Option, tuple[tuple[int, int], ...]], ...]:
-        """The group's placements with what each takes from every kind, one per distinct outcome."""
-        cache_key = (key, kind.key)
-        found = self._options.get(cache_key)
+    def options(self, key: tuple[Any, ...], node: NodeState, kind: ClaimKind, want: Want) -> Reduced:
+        """The group's placements choose() may pick, with what each takes from every kind."""
+        before = fit_state(key)
+        seen: set[tuple[Any, ...]] = set()
+        kept = []
+        for option in options_on(node, key, kind, want):
+            delta = self.delta(before, option)
+            outcome = (delta, option.quality, option.mode_changes, option.creates, option.leaves)
+            if outcome in seen:
+                continue
+            seen.add(outcome)
+            kept.append((option, delta))
+        return reduce(tuple(kept))
+
+    def reduced(self, record: _Group, kind_id: int, node: NodeState, kind: ClaimKind, want: Want) -> Reduced:
+        """The group's options that choose() may pick, cached on the group until the kinds change."""
+        found = record.reduced.get(kind_id)
         if found is None:
-            if len(self._options) > _OPTIONS_CACHED:
-                self._options.clear()
-            before = fit_state(key)
-            seen: set[tuple[Any, ...]] = set()
-            kept = []
-            for option in options_on(node, key, kind, want):
-                delta = self.delta(before, option)
-                outcome = (delta, option.quality, option.mode_changes, option.creates, option.leaves)
-                if outcome in seen:
-                    continue
-                seen.add(outcome)
-                kept.append((option, delta))
-            found = self._options[cache_key] = tuple(kept)
+            found = record.reduced[kind_id] = self.options(record.key, node, kind, want)
         return found
 
     def delta(self, before: FitState, option: Option) -> tuple[tuple[int, int], ...]:
@@ -273,44 +345,62 @@ class DemandIndex:
         weights = self.weights()
         best: Choice | None = None
         best_rank: tuple[Any, ...] | None = None
-        unmatched = unfit = 0
         wants = {signature: self.want(signature, kind) for signature in self._sample}
-        for key, members in self.groups.items():
-            want = wants.get(key[0])
-            if want is None:
-                unmatched += len(members)
-                continue
-            found = self._options.get((key, kind.key))
-            if found is None:
-                found = self.options(key, nodes[members[0]], kind, want)
-            if not found:
-                unfit += len(members)
-                continue
-            mine: tuple[Any, ...] | None = None
+        kind_id = self._kind_ids.setdefault(kind.key, len(self._kind_ids))
+        view = self._views.get(kind_id)
+        if view is None:
+            view = self._views[kind_id] = _KindView(self._records.values())
+        if view.pending:
+            # Groups new since this kind was last placed: on which of them it fits.
+            for record in list(view.pending):
+                want = wants.get(record.signature)
+                if want is None:
+                    continue
+                found = record.reduced.get(kind_id)
+                if found is None:
+                    found = self.reduced(record, kind_id, nodes[record.members[0]], kind, want)
+                del view.pending[record]
+                if found.entries:
+                    view.fit[record] = None
+        unmatched = matched = 0
+        for signature, count in self._signature_members.items():
+            if wants.get(signature) is None:
+                unmatched += count
+            else:
+                matched += count
+        placeable = 0
+        for record in view.fit:
+            if wants.get(record.signature) is None:
+                continue  # counted as unmatched
+            members = record.members
+            placeable += len(members)
+            found = record.reduced[kind_id]
+            # On the node, the claim gets the best GPU set it has (every entry has that quality);
+            # then the least loss, then the least tail.
+            least = -1.0
+            tail: Tail | None = None
             chosen: Option | None = None
-            for option, delta in found:
+            for delta, entry_tail, option in found.entries:
                 loss = 0.0
                 for i, lost in delta:
                     loss += weights[i] * lost
-                # On the node, the claim gets the best GPU set it has; between nodes, loss first.
-                local = (
-                    -option.quality,
-                    loss,
-                    option.mode_changes,
-                    option.creates,
-                    option.leaves,
-                    option.devices,
-                )
-                if mine is None or local < mine:
-                    mine = local
+                if tail is None or loss < least or (loss == least and entry_tail < tail):
+                    least = loss
+                    tail = entry_tail
                     chosen = option
-            assert mine is not None and chosen is not None
-            rank = (mine[1], mine[0], mine[2], mine[3], mine[4], key, mine)
+            assert tail is not None and chosen is not None
+            # Between nodes, the least loss first; `mine` is the node's own order.
+            if best_rank is not None and least > best_rank[0] and ranked is None:
+                continue
+            quality = -found.quality
+            mine = (quality, least, *tail)
+            rank = (least, quality, tail[0], tail[1], tail[2], record.key, mine)
             if ranked is not None:
-                ranked.append(Choice(key, nodes[members[0]], chosen, rank, mine[1]))
+                ranked.append(Choice(record.key, nodes[members[0]], chosen, rank, least))
             if best_rank is None or rank < best_rank:
                 best_rank = rank
-                best = Choice(key, nodes[members[0]], chosen, rank, mine[1])
+                best = Choice(record.key, nodes[members[0]], chosen, rank, least)
+        unfit = matched - placeable
         if unmatched:
             rejected["no device of this hardware matches the claim"] = unmatched
         if unfit:
@@ -347,6 +437,36 @@ class DemandIndex:
             creates=choice.option.creates,
             devices=[node.shape.devices[d].name for d in choice.option.devices],
         )
+
+
+def reduce(options: tuple[tuple[Option, tuple[tuple[int, int], ...]], ...]) -> Reduced:
+    """What choose() keeps of a group's options (see Reduced); it picks the same option from them."""
+    if not options:
+        return Reduced(0.0, ())
+    quality = max(option.quality for option, _ in options)
+    least: dict[tuple[tuple[int, int], ...], tuple[Tail, Option]] = {}
+    for option, delta in options:
+        if option.quality != quality:
+            continue
+        tail = (option.mode_changes, option.creates, option.leaves, option.devices)
+        kept = least.get(delta)
+        if kept is None or tail < kept[0]:
+            least[delta] = (tail, option)
+    entries = [(delta, tail, option) for delta, (tail, option) in least.items()]
+    spent = [dict(delta) for delta, _, _ in entries]
+    kept_entries = []
+    for n, (delta, tail, option) in enumerate(entries):
+        mine = spent[n]
+        dominated = any(
+            m != n
+            and other_tail < tail
+            and all(spent[m].get(i, 0) <= lost for i, lost in mine.items())
+            and all(i in mine or lost <= 0 for i, lost in spent[m].items())
+            for m, (_, other_tail, _) in enumerate(entries)
+        )
+        if not dominated:
+            kept_entries.append((delta, tail, option))
+    return Reduced(quality, tuple(kept_entries))
 
 
 def options_on(node: NodeState, key: tuple[Any, ...], kind: ClaimKind, want: Want) -> tuple[Option, ...]:
