@@ -33,6 +33,7 @@ from tangram.allocation.node import NodeState
 from tangram.allocation.requests import Alternative
 from tangram.allocation.shape import NodeShape
 
+_LOST_CACHED = 100_000  # what a change of a GPU or of the free whole GPUs takes, by change
 _RETIRED_KEPT = 10_000  # groups gone (no node in that state now) whose options stay cached
 _COMBINATIONS_LIMIT = 512  # GPU sets scored per node state; larger nodes take the first ones
 
@@ -50,6 +51,7 @@ class Option:
     leaves: tuple[int, int]  # (free whole GPUs, free memory slices) after: fuller first
 
 
+TrackedWants = tuple[tuple[tuple[int, Want], ...], tuple[tuple[int, Want], ...], tuple[tuple[int, Want], ...]]
 Tail = tuple[int, int, tuple[int, int], tuple[int, ...]]  # (mode changes, creates, leaves, devices)
 
 
@@ -122,6 +124,8 @@ class DemandIndex:
         self.supply: list[int] = []
         self._fits: dict[FitState, tuple[int, ...]] = {}
         self._wants: dict[tuple[str, tuple[Any, ...]], Want | None] = {}
+        self._wants_by_shape: dict[str, TrackedWants] = {}  # by position: as tracked
+        self._lost_cache: dict[tuple[Any, ...], tuple[tuple[int, int], ...]] = {}  # by position too
         # Groups no node is in now, with their options: states come back (a claim released leaves
         # the node as it was before), and their options are not worked out again.
         self._retired: dict[tuple[Any, ...], _Group] = {}
@@ -244,6 +248,8 @@ class DemandIndex:
         """The options' losses are by kind position: gone when the kinds tracked change."""
         self._retired.clear()
         self._views.clear()
+        self._wants_by_shape.clear()
+        self._lost_cache.clear()
         for record in self._records.values():
             record.reduced.clear()
 
@@ -301,38 +307,99 @@ class DemandIndex:
             found = record.reduced[kind_id] = self.options(record.key, node, kind, want)
         return found
 
+    def _tracked_wants(self, signature: str) -> TrackedWants:
+        """(kind position, want) of every tracked kind something of the shape can serve, in order:
+        whole-GPU kinds, one-device MIG kinds, and the other MIG kinds."""
+        found = self._wants_by_shape.get(signature)
+        if found is None:
+            whole: list[tuple[int, Want]] = []
+            single: list[tuple[int, Want]] = []
+            other: list[tuple[int, Want]] = []
+            for i, kind in enumerate(self.tracked):
+                want = self.want(signature, kind)
+                if want is None:
+                    continue
+                if want.kind == "gpu":
+                    whole.append((i, want))
+                elif want.count == 1:
+                    single.append((i, want))
+                else:
+                    other.append((i, want))
+            found = (tuple(whole), tuple(single), tuple(other))
+            # Kept once the shape's sample is there (want() keeps its answers from then on too).
+            if signature in self._sample:
+                self._wants_by_shape[signature] = found
+        return found
+
     def delta(self, before: FitState, option: Option) -> tuple[tuple[int, int], ...]:
         """(kind position, fits lost) for every kind the option takes room from.
 
         Only the GPUs the option touches change, so MIG kinds are recounted on those GPUs alone
-        and whole-GPU kinds only when a free whole GPU is taken.
+        and whole-GPU kinds only when a free whole GPU is taken. What one GPU's change takes from
+        the one-device MIG kinds, and what taking free whole GPUs takes from the whole-GPU kinds,
+        are the same wherever they happen on the shape: both are kept, by change.
         """
         signature, free_whole, occupied = before
         _, free_after, occupied_after = option.after
         old = self.fits(before)
-        changed = [p for p, (a, b) in enumerate(zip(occupied, occupied_after, strict=True)) if a != b]
-        out = []
-        for i, kind in enumerate(self.tracked):
-            if not old[i]:
-                continue
-            want = self.want(signature, kind)
-            if want is None:
-                continue
-            if want.kind == "gpu":
-                if free_after == free_whole:
-                    continue
+        lost_at: dict[int, int] = {}
+        if free_after != free_whole:
+            for i, lost in self._whole_lost(signature, free_whole, free_after, occupied):
+                lost_at[i] = lost
+        for p, (a, b) in enumerate(zip(occupied, occupied_after, strict=True)):
+            if a != b:
+                for i, lost in self._slices_lost(signature, p, a, b):
+                    lost_at[i] = lost_at.get(i, 0) + lost
+        for i, want in self._tracked_wants(signature)[2]:
+            if old[i]:
                 lost = old[i] - fit(want, free_after, occupied_after)
-            elif want.count == 1:
-                lost = 0
-                for p in changed:
-                    masks = want.masks[p]
-                    if masks:
-                        lost += placements_fit(masks, occupied[p]) - placements_fit(masks, occupied_after[p])
-            else:
-                lost = old[i] - fit(want, free_after, occupied_after)
-            if lost:
-                out.append((i, lost))
-        return tuple(out)
+                if lost:
+                    lost_at[i] = lost
+        return tuple((i, lost_at[i]) for i in sorted(lost_at) if old[i] and lost_at[i])
+
+    def _whole_lost(
+        self, signature: str, free_whole: int, free_after: int, occupied: tuple[int, ...]
+    ) -> tuple[tuple[int, int], ...]:
+        """(kind position, fits lost) of the whole-GPU kinds when the free whole GPUs go from
+        `free_whole` to `free_after` (their fits read nothing else)."""
+        cache_key = (signature, free_whole, free_after)
+        found = self._lost_cache.get(cache_key)
+        if found is None:
+            out = []
+            for i, want in self._tracked_wants(signature)[0]:
+                lost = fit(want, free_whole, occupied) - fit(want, free_after, occupied)
+                if lost:
+                    out.append((i, lost))
+            found = self._cache_lost(signature, cache_key, tuple(out))
+        return found
+
+    def _slices_lost(
+        self, signature: str, position: int, used: int, after: int
+    ) -> tuple[tuple[int, int], ...]:
+        """(kind position, placements lost) of the one-device MIG kinds on the GPU at `position`
+        when its occupied slices go from `used` to `after`."""
+        cache_key = (signature, position, used, after)
+        found = self._lost_cache.get(cache_key)
+        if found is None:
+            out = []
+            for i, want in self._tracked_wants(signature)[1]:
+                masks = want.masks[position]
+                if masks:
+                    lost = placements_fit(masks, used) - placements_fit(masks, after)
+                    if lost:
+                        out.append((i, lost))
+            found = self._cache_lost(signature, cache_key, tuple(out))
+        return found
+
+    def _cache_lost(
+        self, signature: str, cache_key: tuple[Any, ...], lost: tuple[tuple[int, int], ...]
+    ) -> tuple[tuple[int, int], ...]:
+        # Kept, as _tracked_wants is, once the shape's sample is there.
+        if signature in self._sample:
+            if len(self._lost_cache) >= _LOST_CACHED:
+                self._lost_cache.clear()
+            self._lost_cache[cache_key] = lost
+        return lost
 
     def choose(
         self,
@@ -478,11 +545,18 @@ def _options(node: NodeState, key: tuple[Any, ...], want: Want) -> Iterator[Opti
     shape = node.shape
     available = node.available
     _, free_whole, occupied = fit_state(key)
-    positions = {g: p for p, g in enumerate(sorted(shape.gpus))}
+    order = sorted(shape.gpus)
+    positions = {g: p for p, g in enumerate(order)}
+    # What each option leaves (Option.leaves), counted from what the node has free now: an option
+    # changes only the GPUs it takes.
+    widths = [shape.gpus[g].slices for g in order]
+    free_slices: list[int] = []
+    all_free_slices = 0
+    free_gpus = bin(free_whole).count("1")
     if want.kind == "gpu":
         free = [
             g
-            for g in sorted(shape.gpus)
+            for g in order
             if want.whole >> g & 1 and shape.gpus[g].whole is not None and available[shape.gpus[g].whole or 0]
         ]
         if want.paired:
@@ -500,11 +574,17 @@ def _options(node: NodeState, key: tuple[Any, ...], want: Want) -> Iterator[Opti
         for n, gpus in enumerate(groups):
             if n >= _COMBINATIONS_LIMIT:
                 break
+            if not free_slices:
+                free_slices = [_free_slices(occupied[p], width) for p, width in enumerate(widths)]
+                all_free_slices = sum(free_slices)
             after_occ = list(occupied)
             bits = free_whole
+            left = all_free_slices
             for g in gpus:
                 bits &= ~(1 << g)
-                after_occ[positions[g]] = (1 << shape.gpus[g].slices) - 1 if shape.gpus[g].slices else 0
+                position = positions[g]
+                after_occ[position] = (1 << widths[position]) - 1 if widths[position] else 0
+                left -= free_slices[position]
             score = shape.pairs.set_score(gpus) if len(gpus) > 1 else 0
             yield Option(
                 devices=tuple(shape.gpus[g].whole or 0 for g in gpus),
@@ -513,7 +593,7 @@ def _options(node: NodeState, key: tuple[Any, ...], want: Want) -> Iterator[Opti
                 set_score=score,
                 mode_changes=sum(node.mig_mode >> g & 1 for g in gpus),
                 creates=0,
-                leaves=_leaves(shape, bits, after_occ),
+                leaves=(bin(bits).count("1"), left),
             )
         return
     for d in sorted(want.devices):
@@ -521,9 +601,14 @@ def _options(node: NodeState, key: tuple[Any, ...], want: Want) -> Iterator[Opti
             continue
         device = shape.devices[d]
         g = device.gpu_index
+        position = positions[g]
+        if not free_slices:
+            free_slices = [_free_slices(occupied[p], width) for p, width in enumerate(widths)]
+            all_free_slices = sum(free_slices)
         after_occ = list(occupied)
-        after_occ[positions[g]] |= device.mask
+        after_occ[position] |= device.mask
         bits = free_whole & ~(1 << g)
+        left = all_free_slices - free_slices[position] + _free_slices(after_occ[position], widths[position])
         create = node.instance_for(device) is None
         yield Option(
             devices=(d,),
@@ -532,17 +617,12 @@ def _options(node: NodeState, key: tuple[Any, ...], want: Want) -> Iterator[Opti
             set_score=0,
             mode_changes=int(create and not (node.mig_mode >> g & 1) and bool(free_whole >> g & 1)),
             creates=int(create),
-            leaves=_leaves(shape, bits, after_occ),
+            leaves=(free_gpus - (free_whole >> g & 1), left),
         )
 
 
-def _leaves(shape: NodeShape, free_whole: int, occupied: list[int]) -> tuple[int, int]:
-    slices = 0
-    for position, g in enumerate(sorted(shape.gpus)):
-        width = shape.gpus[g].slices
-        if width:
-            slices += width - bin(occupied[position] & ((1 << width) - 1)).count("1")
-    return bin(free_whole).count("1"), slices
+def _free_slices(used: int, width: int) -> int:
+    return width - bin(used & ((1 << width) - 1)).count("1") if width else 0
 
 
 def _members(bits: int) -> tuple[int, ...]:
