@@ -20,9 +20,10 @@ few distinct states costs a few dozen scores per decision.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import combinations
+from math import inf
 from typing import Any
 
 from tangram.allocation.capacity import FitState, Want, cliques_in_order, fit, placements_fit, want_on
@@ -64,6 +65,7 @@ class Reduced:
 
     quality: float
     entries: tuple[tuple[tuple[tuple[int, int], ...], Tail, Option], ...]  # (delta, tail, option)
+    monotone: bool = True  # no entry gives any kind room back (no negative loss)
 
 
 class _Group:
@@ -82,12 +84,13 @@ class _KindView:
     """The groups a kind fits on, and those not yet looked at for it: most groups fit a given kind
     nowhere (no room for 8 GPUs, no MIG slice of the size), and a decision walks only the others."""
 
-    __slots__ = ("fit", "pending")
+    __slots__ = ("fit", "last", "pending")
 
     def __init__(self, records: Iterable[_Group]) -> None:
         # Keyed by the group itself (its identity), not by its state key: no hashing of that.
         self.fit: dict[_Group, None] = {}
         self.pending: dict[_Group, None] = dict.fromkeys(records)
+        self.last: _Group | None = None  # the group chosen last
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,10 +282,8 @@ class DemandIndex:
         return found
 
     def weights(self) -> list[float]:
-        weight = self.demand.weight
-        return [
-            weight(kind.key) / max(supply, 1) for kind, supply in zip(self.tracked, self.supply, strict=True)
-        ]
+        demand = self.demand.weights([kind.key for kind in self.tracked])
+        return [weight / max(supply, 1) for weight, supply in zip(demand, self.supply, strict=True)]
 
     # --- options on a group ----------------------------------------------------------------------
 
@@ -291,14 +292,14 @@ class DemandIndex:
         before = fit_state(key)
         seen: set[tuple[Any, ...]] = set()
         kept = []
-        for option in options_on(node, key, kind, want):
+        for option in _options(node, key, want):
             delta = self.delta(before, option)
             outcome = (delta, option.quality, option.mode_changes, option.creates, option.leaves)
             if outcome in seen:
                 continue
             seen.add(outcome)
             kept.append((option, delta))
-        return reduce(tuple(kept))
+        return reduce(kept)
 
     def reduced(self, record: _Group, kind_id: int, node: NodeState, kind: ClaimKind, want: Want) -> Reduced:
         """The group's options that choose() may pick, cached on the group until the kinds change."""
@@ -337,38 +338,63 @@ class DemandIndex:
         Only the GPUs the option touches change, so MIG kinds are recounted on those GPUs alone
         and whole-GPU kinds only when a free whole GPU is taken. What one GPU's change takes from
         the one-device MIG kinds, and what taking free whole GPUs takes from the whole-GPU kinds,
-        are the same wherever they happen on the shape: both are kept, by change.
+        are the same wherever they happen on the shape: both are kept, by change, and so is the
+        whole answer for an option that changes one GPU where no other kind is tracked.
         """
         signature, free_whole, occupied = before
         _, free_after, occupied_after = option.after
-        old = self.fits(before)
+        changed = [(p, a, b) for p, (a, b) in enumerate(zip(occupied, occupied_after, strict=True)) if a != b]
+        others = self._tracked_wants(signature)[2]
+        if len(changed) != 1 or others:
+            return self._delta(before, free_after, occupied_after, changed, others)
+        cache_key = (signature, free_whole, free_after, *changed[0])
+        found = self._lost_cache.get(cache_key)
+        if found is None:
+            found = self._cache_lost(
+                signature, cache_key, self._delta(before, free_after, occupied_after, changed, others)
+            )
+        return found
+
+    def _delta(
+        self,
+        before: FitState,
+        free_after: int,
+        occupied_after: tuple[int, ...],
+        changed: list[tuple[int, int, int]],
+        others: tuple[tuple[int, Want], ...],
+    ) -> tuple[tuple[int, int], ...]:
+        signature, free_whole, occupied = before
         lost_at: dict[int, int] = {}
         if free_after != free_whole:
             for i, lost in self._whole_lost(signature, free_whole, free_after, occupied):
                 lost_at[i] = lost
-        for p, (a, b) in enumerate(zip(occupied, occupied_after, strict=True)):
-            if a != b:
-                for i, lost in self._slices_lost(signature, p, a, b):
-                    lost_at[i] = lost_at.get(i, 0) + lost
-        for i, want in self._tracked_wants(signature)[2]:
-            if old[i]:
-                lost = old[i] - fit(want, free_after, occupied_after)
-                if lost:
-                    lost_at[i] = lost
-        return tuple((i, lost_at[i]) for i in sorted(lost_at) if old[i] and lost_at[i])
+        for p, a, b in changed:
+            for i, lost in self._slices_lost(signature, p, a, b):
+                lost_at[i] = lost_at.get(i, 0) + lost
+        if others:
+            old = self.fits(before)
+            for i, want in others:
+                if old[i]:
+                    lost = old[i] - fit(want, free_after, occupied_after)
+                    if lost:
+                        lost_at[i] = lost
+        # A one-device MIG kind that fits nowhere on the node loses nothing (the GPUs' counts are
+        # all 0 and only fall), and _whole_lost leaves out the whole-GPU kinds that fit nowhere.
+        return tuple([(i, lost) for i, lost in sorted(lost_at.items()) if lost])
 
     def _whole_lost(
         self, signature: str, free_whole: int, free_after: int, occupied: tuple[int, ...]
     ) -> tuple[tuple[int, int], ...]:
-        """(kind position, fits lost) of the whole-GPU kinds when the free whole GPUs go from
-        `free_whole` to `free_after` (their fits read nothing else)."""
+        """(kind position, fits lost) of the whole-GPU kinds that fit on the node when the free
+        whole GPUs go from `free_whole` to `free_after` (their fits read nothing else)."""
         cache_key = (signature, free_whole, free_after)
         found = self._lost_cache.get(cache_key)
         if found is None:
             out = []
             for i, want in self._tracked_wants(signature)[0]:
-                lost = fit(want, free_whole, occupied) - fit(want, free_after, occupied)
-                if lost:
+                fits = fit(want, free_whole, occupied)
+                lost = fits - fit(want, free_after, occupied)
+                if lost and fits:
                     out.append((i, lost))
             found = self._cache_lost(signature, cache_key, tuple(out))
         return found
@@ -436,12 +462,20 @@ class DemandIndex:
             else:
                 matched += count
         placeable = 0
-        for record in view.fit:
+        # Unless every placement is listed (ranked), a sum of losses that already exceeds the best
+        # found is left there: it can only grow (weights and losses of a monotone group are never
+        # negative). The group chosen last for the kind is looked at first: it usually still is.
+        bound = inf
+        records: Iterable[_Group] = view.fit
+        if view.last is not None and view.last in view.fit:
+            records = [view.last, *(record for record in view.fit if record is not view.last)]
+        for record in records:
             if wants.get(record.signature) is None:
                 continue  # counted as unmatched
             members = record.members
             placeable += len(members)
             found = record.reduced[kind_id]
+            prune = ranked is None and found.monotone
             # On the node, the claim gets the best GPU set it has (every entry has that quality);
             # then the least loss, then the least tail.
             least = -1.0
@@ -451,13 +485,17 @@ class DemandIndex:
                 loss = 0.0
                 for i, lost in delta:
                     loss += weights[i] * lost
-                if tail is None or loss < least or (loss == least and entry_tail < tail):
-                    least = loss
-                    tail = entry_tail
-                    chosen = option
-            assert tail is not None and chosen is not None
+                    if prune and loss > bound:
+                        break
+                else:
+                    if tail is None or loss < least or (loss == least and entry_tail < tail):
+                        least = loss
+                        tail = entry_tail
+                        chosen = option
+            if tail is None or chosen is None:
+                continue  # every placement there loses more than the best found
             # Between nodes, the least loss first; `mine` is the node's own order.
-            if best_rank is not None and least > best_rank[0] and ranked is None:
+            if best_rank is not None and least > bound and ranked is None:
                 continue
             quality = -found.quality
             mine = (quality, least, *tail)
@@ -466,7 +504,9 @@ class DemandIndex:
                 ranked.append(Choice(record.key, nodes[members[0]], chosen, rank, least))
             if best_rank is None or rank < best_rank:
                 best_rank = rank
+                bound = least
                 best = Choice(record.key, nodes[members[0]], chosen, rank, least)
+                view.last = record
         unfit = matched - placeable
         if unmatched:
             rejected["no device of this hardware matches the claim"] = unmatched
@@ -506,7 +546,7 @@ class DemandIndex:
         )
 
 
-def reduce(options: tuple[tuple[Option, tuple[tuple[int, int], ...]], ...]) -> Reduced:
+def reduce(options: Sequence[tuple[Option, tuple[tuple[int, int], ...]]]) -> Reduced:
     """What choose() keeps of a group's options (see Reduced); it picks the same option from them."""
     if not options:
         return Reduced(0.0, ())
@@ -520,20 +560,34 @@ def reduce(options: tuple[tuple[Option, tuple[tuple[int, int], ...]], ...]) -> R
         if kept is None or tail < kept[0]:
             least[delta] = (tail, option)
     entries = [(delta, tail, option) for delta, (tail, option) in least.items()]
-    spent = [dict(delta) for delta, _, _ in entries]
-    kept_entries = []
-    for n, (delta, tail, option) in enumerate(entries):
-        mine = spent[n]
-        dominated = any(
-            m != n
-            and other_tail < tail
-            and all(spent[m].get(i, 0) <= lost for i, lost in mine.items())
-            and all(i in mine or lost <= 0 for i, lost in spent[m].items())
-            for m, (_, other_tail, _) in enumerate(entries)
-        )
-        if not dominated:
-            kept_entries.append((delta, tail, option))
-    return Reduced(quality, tuple(kept_entries))
+    if len(entries) == 1:
+        kept_entries = entries
+    else:
+        spent = [dict(delta) for delta, _, _ in entries]
+        kept_entries = [
+            entries[n] for n in range(len(entries)) if not _dominated(n, entries[n][1], spent, entries)
+        ]
+    monotone = all(lost >= 0 for delta, _, _ in kept_entries for _, lost in delta)
+    return Reduced(quality, tuple(kept_entries), monotone)
+
+
+def _dominated(
+    n: int,
+    tail: Tail,
+    spent: list[dict[int, int]],
+    entries: list[tuple[tuple[tuple[int, int], ...], Tail, Option]],
+) -> bool:
+    """Another entry has a lesser tail and takes no more from any kind than entry n."""
+    mine = spent[n]
+    for m, (_, other_tail, _) in enumerate(entries):
+        if m == n or not other_tail < tail:
+            continue
+        other = spent[m]
+        if all(other.get(i, 0) <= lost for i, lost in mine.items()) and all(
+            i in mine or lost <= 0 for i, lost in other.items()
+        ):
+            return True
+    return False
 
 
 def options_on(node: NodeState, key: tuple[Any, ...], kind: ClaimKind, want: Want) -> tuple[Option, ...]:
