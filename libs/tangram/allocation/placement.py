@@ -53,6 +53,11 @@ class Option:
 
 
 TrackedWants = tuple[tuple[tuple[int, Want], ...], tuple[tuple[int, Want], ...], tuple[tuple[int, Want], ...]]
+# An option before it is made: (devices, free whole GPU bits after, GPUs changed as (position,
+# occupied slices before, after), quality, set score, mode changes, creates, leaves).
+Placement = tuple[
+    tuple[int, ...], int, tuple[tuple[int, int, int], ...], float, int, int, int, tuple[int, int]
+]
 Tail = tuple[int, int, tuple[int, int], tuple[int, ...]]  # (mode changes, creates, leaves, devices)
 
 
@@ -290,16 +295,18 @@ class DemandIndex:
     def options(self, key: tuple[Any, ...], node: NodeState, kind: ClaimKind, want: Want) -> Reduced:
         """The group's placements choose() may pick, with what each takes from every kind."""
         before = fit_state(key)
+        others = self._tracked_wants(key[0])[2]
         seen: set[tuple[Any, ...]] = set()
         kept = []
-        for option in _options(node, key, want):
-            delta = self.delta(before, option)
-            outcome = (delta, option.quality, option.mode_changes, option.creates, option.leaves)
+        for placement in _placements(node, key, want):
+            _, bits, changes, quality, _, mode_changes, creates, leaves = placement
+            delta = self._lost(before, bits, changes, others)
+            outcome = (delta, quality, mode_changes, creates, leaves)
             if outcome in seen:
                 continue
             seen.add(outcome)
-            kept.append((option, delta))
-        return reduce(kept)
+            kept.append((placement, delta))
+        return reduce(key, kept)
 
     def reduced(self, record: _Group, kind_id: int, node: NodeState, kind: ClaimKind, want: Want) -> Reduced:
         """The group's options that choose() may pick, cached on the group until the kinds change."""
@@ -333,34 +340,42 @@ class DemandIndex:
         return found
 
     def delta(self, before: FitState, option: Option) -> tuple[tuple[int, int], ...]:
-        """(kind position, fits lost) for every kind the option takes room from.
+        """(kind position, fits lost) for every kind the option takes room from."""
+        _, free_after, occupied_after = option.after
+        changes = tuple(
+            (p, a, b) for p, (a, b) in enumerate(zip(before[2], occupied_after, strict=True)) if a != b
+        )
+        return self._lost(before, free_after, changes, self._tracked_wants(before[0])[2])
+
+    def _lost(
+        self,
+        before: FitState,
+        free_after: int,
+        changes: tuple[tuple[int, int, int], ...],
+        others: tuple[tuple[int, Want], ...],
+    ) -> tuple[tuple[int, int], ...]:
+        """delta() of the placement that leaves the free whole GPUs `free_after` and changes the
+        occupied slices of GPU position p from a to b for each (p, a, b) of `changes`.
 
         Only the GPUs the option touches change, so MIG kinds are recounted on those GPUs alone
         and whole-GPU kinds only when a free whole GPU is taken. What one GPU's change takes from
         the one-device MIG kinds, and what taking free whole GPUs takes from the whole-GPU kinds,
         are the same wherever they happen on the shape: both are kept, by change, and so is the
-        whole answer for an option that changes one GPU where no other kind is tracked.
+        whole answer where no other kind is tracked.
         """
-        signature, free_whole, occupied = before
-        _, free_after, occupied_after = option.after
-        changed = [(p, a, b) for p, (a, b) in enumerate(zip(occupied, occupied_after, strict=True)) if a != b]
-        others = self._tracked_wants(signature)[2]
-        if len(changed) != 1 or others:
-            return self._delta(before, free_after, occupied_after, changed, others)
-        cache_key = (signature, free_whole, free_after, *changed[0])
+        if others:
+            return self._delta(before, free_after, changes, others)
+        cache_key = (before[0], before[1], free_after, changes)
         found = self._lost_cache.get(cache_key)
         if found is None:
-            found = self._cache_lost(
-                signature, cache_key, self._delta(before, free_after, occupied_after, changed, others)
-            )
+            found = self._cache_lost(before[0], cache_key, self._delta(before, free_after, changes, others))
         return found
 
     def _delta(
         self,
         before: FitState,
         free_after: int,
-        occupied_after: tuple[int, ...],
-        changed: list[tuple[int, int, int]],
+        changed: tuple[tuple[int, int, int], ...],
         others: tuple[tuple[int, Want], ...],
     ) -> tuple[tuple[int, int], ...]:
         signature, free_whole, occupied = before
@@ -373,6 +388,7 @@ class DemandIndex:
                 lost_at[i] = lost_at.get(i, 0) + lost
         if others:
             old = self.fits(before)
+            occupied_after = _after(occupied, changed)
             for i, want in others:
                 if old[i]:
                     lost = old[i] - fit(want, free_after, occupied_after)
@@ -546,36 +562,36 @@ class DemandIndex:
         )
 
 
-def reduce(options: Sequence[tuple[Option, tuple[tuple[int, int], ...]]]) -> Reduced:
-    """What choose() keeps of a group's options (see Reduced); it picks the same option from them."""
-    if not options:
+def reduce(
+    key: tuple[Any, ...], placements: Sequence[tuple[Placement, tuple[tuple[int, int], ...]]]
+) -> Reduced:
+    """What choose() keeps of a group's placements (see Reduced); it picks the same option from
+    them. Options are made for those kept only."""
+    if not placements:
         return Reduced(0.0, ())
-    quality = max(option.quality for option, _ in options)
-    least: dict[tuple[tuple[int, int], ...], tuple[Tail, Option]] = {}
-    for option, delta in options:
-        if option.quality != quality:
+    quality = max(placement[3] for placement, _ in placements)
+    least: dict[tuple[tuple[int, int], ...], tuple[Tail, Placement]] = {}
+    for placement, delta in placements:
+        if placement[3] != quality:
             continue
-        tail = (option.mode_changes, option.creates, option.leaves, option.devices)
+        tail = (placement[5], placement[6], placement[7], placement[0])
         kept = least.get(delta)
         if kept is None or tail < kept[0]:
-            least[delta] = (tail, option)
-    entries = [(delta, tail, option) for delta, (tail, option) in least.items()]
-    if len(entries) == 1:
-        kept_entries = entries
-    else:
-        spent = [dict(delta) for delta, _, _ in entries]
-        kept_entries = [
-            entries[n] for n in range(len(entries)) if not _dominated(n, entries[n][1], spent, entries)
-        ]
-    monotone = all(lost >= 0 for delta, _, _ in kept_entries for _, lost in delta)
-    return Reduced(quality, tuple(kept_entries), monotone)
+            least[delta] = (tail, placement)
+    found = [(delta, tail, placement) for delta, (tail, placement) in least.items()]
+    if len(found) > 1:
+        spent = [dict(delta) for delta, _, _ in found]
+        found = [found[n] for n in range(len(found)) if not _dominated(n, found[n][1], spent, found)]
+    entries = tuple((delta, tail, _option(key, placement)) for delta, tail, placement in found)
+    monotone = all(lost >= 0 for delta, _, _ in entries for _, lost in delta)
+    return Reduced(quality, entries, monotone)
 
 
 def _dominated(
     n: int,
     tail: Tail,
     spent: list[dict[int, int]],
-    entries: list[tuple[tuple[tuple[int, int], ...], Tail, Option]],
+    entries: list[tuple[tuple[tuple[int, int], ...], Tail, Placement]],
 ) -> bool:
     """Another entry has a lesser tail and takes no more from any kind than entry n."""
     mine = spent[n]
@@ -596,6 +612,33 @@ def options_on(node: NodeState, key: tuple[Any, ...], kind: ClaimKind, want: Wan
 
 
 def _options(node: NodeState, key: tuple[Any, ...], want: Want) -> Iterator[Option]:
+    for placement in _placements(node, key, want):
+        yield _option(key, placement)
+
+
+def _option(key: tuple[Any, ...], placement: Placement) -> Option:
+    devices, bits, changes, quality, set_score, mode_changes, creates, leaves = placement
+    return Option(
+        devices=devices,
+        after=(key[0], bits, _after(key[2], changes)),
+        quality=quality,
+        set_score=set_score,
+        mode_changes=mode_changes,
+        creates=creates,
+        leaves=leaves,
+    )
+
+
+def _after(occupied: tuple[int, ...], changes: tuple[tuple[int, int, int], ...]) -> tuple[int, ...]:
+    after = list(occupied)
+    for p, _, b in changes:
+        after[p] = b
+    return tuple(after)
+
+
+def _placements(node: NodeState, key: tuple[Any, ...], want: Want) -> Iterator[Placement]:
+    """Every placement of the kind on the node, as the fields of its Option, with the GPUs it
+    changes as (position, occupied slices before, after) in place of the state after."""
     shape = node.shape
     available = node.available
     _, free_whole, occupied = fit_state(key)
@@ -631,23 +674,25 @@ def _options(node: NodeState, key: tuple[Any, ...], want: Want) -> Iterator[Opti
             if not free_slices:
                 free_slices = [_free_slices(occupied[p], width) for p, width in enumerate(widths)]
                 all_free_slices = sum(free_slices)
-            after_occ = list(occupied)
             bits = free_whole
             left = all_free_slices
+            taken: dict[int, int] = {}
             for g in gpus:
                 bits &= ~(1 << g)
                 position = positions[g]
-                after_occ[position] = (1 << widths[position]) - 1 if widths[position] else 0
+                taken[position] = (1 << widths[position]) - 1 if widths[position] else 0
                 left -= free_slices[position]
+            changes = tuple((p, occupied[p], b) for p, b in sorted(taken.items()) if occupied[p] != b)
             score = shape.pairs.set_score(gpus) if len(gpus) > 1 else 0
-            yield Option(
-                devices=tuple(shape.gpus[g].whole or 0 for g in gpus),
-                after=(key[0], bits, tuple(after_occ)),
-                quality=score / ideal if ideal else 1.0,
-                set_score=score,
-                mode_changes=sum(node.mig_mode >> g & 1 for g in gpus),
-                creates=0,
-                leaves=(bin(bits).count("1"), left),
+            yield (
+                tuple(shape.gpus[g].whole or 0 for g in gpus),
+                bits,
+                changes,
+                score / ideal if ideal else 1.0,
+                score,
+                sum(node.mig_mode >> g & 1 for g in gpus),
+                0,
+                (bin(bits).count("1"), left),
             )
         return
     for d in sorted(want.devices):
@@ -659,19 +704,20 @@ def _options(node: NodeState, key: tuple[Any, ...], want: Want) -> Iterator[Opti
         if not free_slices:
             free_slices = [_free_slices(occupied[p], width) for p, width in enumerate(widths)]
             all_free_slices = sum(free_slices)
-        after_occ = list(occupied)
-        after_occ[position] |= device.mask
+        used = occupied[position]
+        now = used | device.mask
         bits = free_whole & ~(1 << g)
-        left = all_free_slices - free_slices[position] + _free_slices(after_occ[position], widths[position])
+        left = all_free_slices - free_slices[position] + _free_slices(now, widths[position])
         create = node.instance_for(device) is None
-        yield Option(
-            devices=(d,),
-            after=(key[0], bits, tuple(after_occ)),
-            quality=1.0,
-            set_score=0,
-            mode_changes=int(create and not (node.mig_mode >> g & 1) and bool(free_whole >> g & 1)),
-            creates=int(create),
-            leaves=(free_gpus - (free_whole >> g & 1), left),
+        yield (
+            (d,),
+            bits,
+            ((position, used, now),) if now != used else (),
+            1.0,
+            0,
+            int(create and not (node.mig_mode >> g & 1) and bool(free_whole >> g & 1)),
+            int(create),
+            (free_gpus - (free_whole >> g & 1), left),
         )
 
 
