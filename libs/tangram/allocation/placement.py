@@ -134,6 +134,7 @@ class DemandIndex:
         self._wants: dict[tuple[str, tuple[Any, ...]], Want | None] = {}
         self._wants_by_shape: dict[str, TrackedWants] = {}  # by position: as tracked
         self._lost_cache: dict[tuple[Any, ...], tuple[tuple[int, int], ...]] = {}  # by position too
+        self._deltas: dict[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]] = {}
         # Groups no node is in now, with their options: states come back (a claim released leaves
         # the node as it was before), and their options are not worked out again.
         self._retired: dict[tuple[Any, ...], _Group] = {}
@@ -258,6 +259,7 @@ class DemandIndex:
         self._views.clear()
         self._wants_by_shape.clear()
         self._lost_cache.clear()
+        self._deltas.clear()
         for record in self._records.values():
             record.reduced.clear()
 
@@ -288,12 +290,16 @@ class DemandIndex:
 
     def weights(self) -> list[float]:
         demand = self.demand.weights([kind.key for kind in self.tracked])
-        return [weight / max(supply, 1) for weight, supply in zip(demand, self.supply, strict=True)]
+        return [
+            weight / (supply if supply > 1 else 1) for weight, supply in zip(demand, self.supply, strict=True)
+        ]
 
     # --- options on a group ----------------------------------------------------------------------
 
     def options(self, key: tuple[Any, ...], node: NodeState, kind: ClaimKind, want: Want) -> Reduced:
         """The group's placements choose() may pick, with what each takes from every kind."""
+        if want.kind == "gpu" and bin(key[1] & want.whole).count("1") < want.count:
+            return Reduced(0.0, ())  # fewer free whole GPUs it may take than it needs
         before = fit_state(key)
         others = self._tracked_wants(key[0])[2]
         seen: set[tuple[Any, ...]] = set()
@@ -305,8 +311,17 @@ class DemandIndex:
             if outcome in seen:
                 continue
             seen.add(outcome)
-            kept.append((placement, delta))
+            kept.append((placement, self._interned(delta)))
         return reduce(key, kept)
+
+    def _interned(self, delta: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+        """One object per loss taken, so that choose() sums each once per decision."""
+        found = self._deltas.get(delta)
+        if found is None:
+            if len(self._deltas) >= _LOST_CACHED:
+                self._deltas.clear()
+            found = self._deltas[delta] = delta
+        return found
 
     def reduced(self, record: _Group, kind_id: int, node: NodeState, kind: ClaimKind, want: Want) -> Reduced:
         """The group's options that choose() may pick, cached on the group until the kinds change."""
@@ -482,9 +497,11 @@ class DemandIndex:
         # found is left there: it can only grow (weights and losses of a monotone group are never
         # negative). The group chosen last for the kind is looked at first: it usually still is.
         bound = inf
-        records: Iterable[_Group] = view.fit
+        losses: dict[int, float] = {}
+        records = list(view.fit)
         if view.last is not None and view.last in view.fit:
-            records = [view.last, *(record for record in view.fit if record is not view.last)]
+            first = records.index(view.last)
+            records[0], records[first] = records[first], records[0]
         for record in records:
             if wants.get(record.signature) is None:
                 continue  # counted as unmatched
@@ -498,18 +515,23 @@ class DemandIndex:
             tail: Tail | None = None
             chosen: Option | None = None
             for delta, entry_tail, option in found.entries:
-                loss = 0.0
-                for i, lost in delta:
-                    loss += weights[i] * lost
-                    if prune and loss > bound:
-                        break
-                else:
-                    if tail is None or loss < least or (loss == least and entry_tail < tail):
-                        least = loss
-                        tail = entry_tail
-                        chosen = option
+                # Groups share placements that take the same (one object per loss taken): each
+                # is summed once per decision. inf: it was left once it exceeded the best.
+                loss = losses.get(id(delta))
+                if loss is None:
+                    loss = 0.0
+                    for i, lost in delta:
+                        loss += weights[i] * lost
+                        if prune and loss > bound:
+                            loss = inf
+                            break
+                    losses[id(delta)] = loss
+                if tail is None or loss < least or (loss == least and entry_tail < tail):
+                    least = loss
+                    tail = entry_tail
+                    chosen = option
             if tail is None or chosen is None:
-                continue  # every placement there loses more than the best found
+                continue
             # Between nodes, the least loss first; `mine` is the node's own order.
             if best_rank is not None and least > bound and ranked is None:
                 continue
