@@ -300,26 +300,26 @@ class DemandIndex:
         """The group's placements choose() may pick, with what each takes from every kind."""
         if want.kind == "gpu" and bin(key[1] & want.whole).count("1") < want.count:
             return Reduced(0.0, ())  # fewer free whole GPUs it may take than it needs
+        self._trim()
         before = fit_state(key)
         others = self._tracked_wants(key[0])[2]
         seen: set[tuple[Any, ...]] = set()
         kept = []
         for placement in _placements(node, key, want):
             _, bits, changes, quality, _, mode_changes, creates, leaves = placement
-            delta = self._lost(before, bits, changes, others)
-            outcome = (delta, quality, mode_changes, creates, leaves)
+            delta = self._lost(before, bits, changes, others)  # equal losses are one object
+            outcome = (id(delta), quality, mode_changes, creates, leaves)
             if outcome in seen:
                 continue
             seen.add(outcome)
-            kept.append((placement, self._interned(delta)))
+            kept.append((placement, delta))
         return reduce(key, kept)
 
     def _interned(self, delta: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
-        """One object per loss taken, so that choose() sums each once per decision."""
+        """One object per loss taken (those kept in _lost_cache too, cleared with it): options
+        are told apart by it, and choose() sums each once per decision."""
         found = self._deltas.get(delta)
         if found is None:
-            if len(self._deltas) >= _LOST_CACHED:
-                self._deltas.clear()
             found = self._deltas[delta] = delta
         return found
 
@@ -356,6 +356,7 @@ class DemandIndex:
 
     def delta(self, before: FitState, option: Option) -> tuple[tuple[int, int], ...]:
         """(kind position, fits lost) for every kind the option takes room from."""
+        self._trim()
         _, free_after, occupied_after = option.after
         changes = tuple(
             (p, a, b) for p, (a, b) in enumerate(zip(before[2], occupied_after, strict=True)) if a != b
@@ -379,11 +380,13 @@ class DemandIndex:
         whole answer where no other kind is tracked.
         """
         if others:
-            return self._delta(before, free_after, changes, others)
+            return self._interned(self._delta(before, free_after, changes, others))
         cache_key = (before[0], before[1], free_after, changes)
         found = self._lost_cache.get(cache_key)
         if found is None:
-            found = self._cache_lost(before[0], cache_key, self._delta(before, free_after, changes, others))
+            found = self._cache_lost(
+                before[0], cache_key, self._interned(self._delta(before, free_after, changes, others))
+            )
         return found
 
     def _delta(
@@ -453,10 +456,15 @@ class DemandIndex:
     ) -> tuple[tuple[int, int], ...]:
         # Kept, as _tracked_wants is, once the shape's sample is there.
         if signature in self._sample:
-            if len(self._lost_cache) >= _LOST_CACHED:
-                self._lost_cache.clear()
             self._lost_cache[cache_key] = lost
         return lost
+
+    def _trim(self) -> None:
+        """Bound the losses kept; only between two groups' options, never within them: equal
+        losses of one group's options must be one object (see _interned)."""
+        if len(self._lost_cache) >= _LOST_CACHED or len(self._deltas) >= _LOST_CACHED:
+            self._lost_cache.clear()
+            self._deltas.clear()
 
     def choose(
         self,
@@ -588,19 +596,19 @@ def reduce(
     key: tuple[Any, ...], placements: Sequence[tuple[Placement, tuple[tuple[int, int], ...]]]
 ) -> Reduced:
     """What choose() keeps of a group's placements (see Reduced); it picks the same option from
-    them. Options are made for those kept only."""
+    them. Options are made for those kept only. Equal losses are one object (DemandIndex._interned)."""
     if not placements:
         return Reduced(0.0, ())
     quality = max(placement[3] for placement, _ in placements)
-    least: dict[tuple[tuple[int, int], ...], tuple[Tail, Placement]] = {}
+    least: dict[int, tuple[tuple[tuple[int, int], ...], Tail, Placement]] = {}
     for placement, delta in placements:
         if placement[3] != quality:
             continue
         tail = (placement[5], placement[6], placement[7], placement[0])
-        kept = least.get(delta)
-        if kept is None or tail < kept[0]:
-            least[delta] = (tail, placement)
-    found = [(delta, tail, placement) for delta, (tail, placement) in least.items()]
+        kept = least.get(id(delta))
+        if kept is None or tail < kept[1]:
+            least[id(delta)] = (delta, tail, placement)
+    found = list(least.values())
     if len(found) > 1:
         spent = [dict(delta) for delta, _, _ in found]
         found = [found[n] for n in range(len(found)) if not _dominated(n, found[n][1], spent, found)]
@@ -664,11 +672,11 @@ def _placements(node: NodeState, key: tuple[Any, ...], want: Want) -> Iterator[P
     shape = node.shape
     available = node.available
     _, free_whole, occupied = fit_state(key)
-    order = sorted(shape.gpus)
-    positions = {g: p for p, g in enumerate(order)}
+    order = shape.gpu_order
+    positions = shape.gpu_positions
     # What each option leaves (Option.leaves), counted from what the node has free now: an option
     # changes only the GPUs it takes.
-    widths = [shape.gpus[g].slices for g in order]
+    widths = shape.gpu_widths
     free_slices: list[int] = []
     all_free_slices = 0
     free_gpus = bin(free_whole).count("1")
@@ -717,9 +725,7 @@ def _placements(node: NodeState, key: tuple[Any, ...], want: Want) -> Iterator[P
                 (bin(bits).count("1"), left),
             )
         return
-    for d in sorted(want.devices):
-        if not available[d]:
-            continue
+    for d in [d for d in want.ordered or sorted(want.devices) if available[d]]:
         device = shape.devices[d]
         g = device.gpu_index
         position = positions[g]
