@@ -122,6 +122,7 @@ class DemandIndex:
         # The same groups, in the same order, with what choose() keeps of their options: looked up
         # without hashing a group key (a few hundred ints) per group and decision.
         self._records: dict[tuple[Any, ...], _Group] = {}
+        self._keeps_records = False
         self._kind_ids: dict[tuple[Any, ...], int] = {}
         self._views: dict[int, _KindView] = {}  # by kind id
         self._signature_members: dict[str, int] = {}  # nodes filed per shape signature
@@ -159,14 +160,15 @@ class DemandIndex:
         members = self.groups.get(key)
         if members is None:
             members = self.groups[key] = []
-            record = self._retired.pop(key, None)
-            if record is None:
-                record = _Group(key, members)
-            else:
-                record.members = members
-            self._records[key] = record
-            for view in self._views.values():
-                view.pending[record] = None
+            if self._keeps_records:
+                record = self._retired.pop(key, None)
+                if record is None:
+                    record = _Group(key, members)
+                else:
+                    record.members = members
+                self._records[key] = record
+                for view in self._views.values():
+                    view.pending[record] = None
         insort(members, node.name)
         self._signature_members[key[0]] = self._signature_members.get(key[0], 0) + 1
         self._group_of[node.name] = key
@@ -197,13 +199,14 @@ class DemandIndex:
         self._signature_members[key[0]] -= 1
         if not members:
             del self.groups[key]
-            record = self._records.pop(key)
-            for view in self._views.values():
-                view.fit.pop(record, None)
-                view.pending.pop(record, None)
-            if len(self._retired) >= _RETIRED_KEPT:
-                self._retired.clear()
-            self._retired[key] = record
+            if self._keeps_records:
+                record = self._records.pop(key)
+                for view in self._views.values():
+                    view.fit.pop(record, None)
+                    view.pending.pop(record, None)
+                if len(self._retired) >= _RETIRED_KEPT:
+                    self._retired.clear()
+                self._retired[key] = record
         self._add_supply(fit_state(key), -1)
 
     def _add_supply(self, state: FitState, sign: int) -> None:
@@ -479,6 +482,11 @@ class DemandIndex:
         best_rank: tuple[Any, ...] | None = None
         wants = {signature: self.want(signature, kind) for signature in self._sample}
         kind_id = self._kind_ids.setdefault(kind.key, len(self._kind_ids))
+        if not self._keeps_records:
+            # Records are kept from the first placement by demand on: a fleet that never places
+            # by demand (another policy) files its nodes as it did.
+            self._keeps_records = True
+            self._records = {key: _Group(key, members) for key, members in self.groups.items()}
         view = self._views.get(kind_id)
         if view is None:
             view = self._views[kind_id] = _KindView(self._records.values())
