@@ -129,6 +129,8 @@ class DemandIndex:
         self._group_of: dict[str, tuple[Any, ...]] = {}
         self._sample: dict[str, NodeState] = {}  # a node per shape signature, for eligibility
         self.tracked: list[ClaimKind] = []
+        self._keys_of: list[ClaimKind] | None = None  # the tracked list _keys are the keys of
+        self._keys: list[tuple[Any, ...]] = []
         self._position: dict[tuple[Any, ...], int] = {}
         self.supply: list[int] = []
         self._fits: dict[FitState, tuple[int, ...]] = {}
@@ -292,10 +294,9 @@ class DemandIndex:
         return found
 
     def weights(self) -> list[float]:
-        demand = self.demand.weights([kind.key for kind in self.tracked])
-        return [
-            weight / (supply if supply > 1 else 1) for weight, supply in zip(demand, self.supply, strict=True)
-        ]
+        if self._keys_of is not self.tracked:  # the list is replaced, never changed in place
+            self._keys_of, self._keys = self.tracked, [kind.key for kind in self.tracked]
+        return self.demand.weights(self._keys, self.supply)
 
     # --- options on a group ----------------------------------------------------------------------
 
