@@ -32,6 +32,7 @@ class Want:
     paired: bool  # compatible applies
     masks: tuple[tuple[int, ...], ...]  # "mig": per GPU position, eligible placement masks
     devices: frozenset[int]  # eligible device indexes on the shape
+    ordered: tuple[int, ...] = ()  # the same, in index order
 
 
 def want_on(shape: NodeShape, kind: ClaimKind, eligible: Eligible | None) -> Want | None:
@@ -62,14 +63,16 @@ def want_on(shape: NodeShape, kind: ClaimKind, eligible: Eligible | None) -> Wan
                 ):
                     peers |= 1 << h
             compatible.append(peers)
-        return Want("gpu", kind.count, whole, tuple(compatible), paired, (), frozenset(chosen))
+        return Want(
+            "gpu", kind.count, whole, tuple(compatible), paired, (), frozenset(chosen), tuple(sorted(chosen))
+        )
     if kinds == {"mig"}:
         per_gpu: dict[int, list[int]] = {}
         for d in chosen:
             device = shape.devices[d]
             per_gpu.setdefault(device.gpu_index, []).append(device.mask)
         masks = tuple(tuple(sorted(set(per_gpu.get(g, ())))) for g in sorted(shape.gpus))
-        return Want("mig", kind.count, 0, (), False, masks, frozenset(chosen))
+        return Want("mig", kind.count, 0, (), False, masks, frozenset(chosen), tuple(sorted(chosen)))
     return None
 
 

@@ -159,3 +159,11 @@ class Demand:
     def weight(self, key: tuple[Any, ...]) -> float:
         """Expected claims of this kind: decayed count plus prior."""
         return self._value.get(key, 0.0) / self._growth + self.prior.get(key, 0.0)
+
+    def weights(self, keys: list[tuple[Any, ...]], supply: list[int]) -> list[float]:
+        """weight() of each kind over its supply (at least 1), in order: the same floats, in one pass."""
+        value, growth, prior = self._value, self._growth, self.prior
+        return [
+            (value.get(key, 0.0) / growth + prior.get(key, 0.0)) / (count if count > 1 else 1)
+            for key, count in zip(keys, supply, strict=True)
+        ]

@@ -125,6 +125,10 @@ class NodeShape:
                 shared=tuple(d.index for d in mine if d.shared),
             )
         self.gpus = gpus
+        # GPU indexes in order, each one's position in that order, and its memory slices.
+        self.gpu_order: tuple[int, ...] = tuple(sorted(gpus))
+        self.gpu_positions: dict[int, int] = {g: p for p, g in enumerate(self.gpu_order)}
+        self.gpu_widths: tuple[int, ...] = tuple(gpus[g].slices for g in self.gpu_order)
         by_set: dict[str, list[int]] = {name: [] for name in self.counter_sets}
         for d in self.devices:
             for name in dict.fromkeys(s for s, _ in d.consumes):

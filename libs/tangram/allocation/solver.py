@@ -117,11 +117,11 @@ class _Search:
             return iter(())
         if not self.scored:
             return combinations(free, alt.count)
-        ranked = self._ranked(free, alt.count)
         first = self.first
         if depth == 0 and first is not None and len(first) == alt.count and set(first) <= set(free):
-            return chain((first,), ranked)
-        return ranked
+            # The placement chosen is taken almost always: the rest is ranked only if it is not.
+            return chain((first,), self._ranked_later(free, alt.count))
+        return self._ranked(free, alt.count)
 
     def _take(self, depth: int, alt: Alternative, choice: tuple[int, ...]) -> Callable[[], None] | None:
         name = f'request "{alt.result_name}"'
@@ -221,6 +221,10 @@ class _Search:
         return undo
 
     # --- Tangram's order -----------------------------------------------------------------------
+
+    def _ranked_later(self, free: Sequence[int], count: int) -> Iterator[tuple[int, ...]]:
+        """_ranked's order, worked out when the first choice is asked for, not before."""
+        yield from self._ranked(free, count)
 
     def _ranked(self, free: Sequence[int], count: int) -> Iterator[tuple[int, ...]]:
         node = self.node
