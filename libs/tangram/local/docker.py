@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tangram.local.gobuild import build_once, cache_root, module_dir
+from tangram.local.gobuild import build_once, cache_root, module_dir, tool_main
 
 COMPOSE_VERSION = "v5.6.0"
 COMPOSE_MODULE = "github.com/docker/compose/v5"
@@ -247,16 +247,12 @@ def _host_ca_bundle() -> bytes:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args != ["build"]:
-        print("usage: python -m tangram.local.docker build", file=sys.stderr)
-        return 2
-    try:
-        print(build_compose())
-    except (DockerError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    return 0
+    return tool_main(
+        argv,
+        prog="tangram.local.docker",
+        commands={"build": lambda: [build_compose()]},
+        errors=(DockerError, OSError),
+    )
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +99,25 @@ def _go(
         )
     except FileNotFoundError as exc:
         raise error(f"cannot run the Go toolchain (Go 1.26+ is needed): {exc}") from exc
+
+
+def tool_main(
+    argv: Sequence[str] | None,
+    *,
+    prog: str,
+    commands: Mapping[str, Callable[[], Iterable[object]]],
+    errors: tuple[type[Exception], ...],
+) -> int:
+    """`python -m <prog> COMMAND` of a cached tool: runs the one command named and prints each
+    path it gives; 2 on any other command line, 1 with the message of a failure in `errors`."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1 or args[0] not in commands:
+        print(f"usage: python -m {prog} {'|'.join(commands)}", file=sys.stderr)
+        return 2
+    try:
+        for path in commands[args[0]]():
+            print(path)
+    except errors as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tangram.local.gobuild import build_once, cache_root
+from tangram.local.gobuild import build_once, cache_root, tool_main
 
 HELM_VERSION = "v3.19.0"
 HELM_MODULE = "helm.sh/helm/v3/cmd/helm"
@@ -234,20 +234,12 @@ def write_manifests(root: Path | None = None) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args not in (["build"], ["manifests"]):
-        print("usage: python -m tangram.local.helm build|manifests", file=sys.stderr)
-        return 2
-    try:
-        if args == ["build"]:
-            print(build())
-        else:
-            for relative in write_manifests():
-                print(relative)
-    except HelmError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    return 0
+    return tool_main(
+        argv,
+        prog="tangram.local.helm",
+        commands={"build": lambda: [build()], "manifests": write_manifests},
+        errors=(HelmError,),
+    )
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from tangram.local.gobuild import cache_root, module_dir
+from tangram.local.gobuild import cache_root, module_dir, tool_main
 
 # The operator's release whose CRDs the chart's objects must satisfy: a recent one, since a
 # cluster's CRDs are as new as the operator its users installed, and pinned so the check is the
@@ -103,17 +103,12 @@ def _check(crd: Any, name: str, file: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args != ["fetch"]:
-        print("usage: python -m tangram.local.monitoringcrds fetch", file=sys.stderr)
-        return 2
-    try:
-        for path in fetch():
-            print(path)
-    except (MonitoringCrdsError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    return 0
+    return tool_main(
+        argv,
+        prog="tangram.local.monitoringcrds",
+        commands={"fetch": fetch},
+        errors=(MonitoringCrdsError, OSError),
+    )
 
 
 if __name__ == "__main__":
