@@ -17,6 +17,7 @@ from typing import Any
 
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
+from tangram.bench.pacing import pace
 from tangram.bus import Bus, BusConfig, ConsumerSpec
 from tangram.events import CLAIMS_STREAM, ClaimRequested, Event, encode
 from tangram.local.natsserver import NatsCluster, NatsServer
@@ -56,14 +57,6 @@ def _figures(count: int, publish_s: float, consume_s: float, latencies_ms: list[
     }
 
 
-async def _pace(started: float, index: int, interval: float | None) -> None:
-    """Paced runs publish chunk `index` at started + index * interval; saturated runs never wait."""
-    if interval is not None:
-        delay = started + index * interval - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-
-
 async def _tangram(
     bus: Bus, events: list[Event], chunk_size: int, interval: float | None
 ) -> dict[str, float]:
@@ -90,7 +83,7 @@ async def _tangram(
     await ready.wait()
     started = time.perf_counter()
     for index, offset in enumerate(range(0, len(events), chunk_size)):
-        await _pace(started, index, interval)
+        await pace(started, index, interval)
         chunk = events[offset : offset + chunk_size]
         stamp = time.perf_counter()
         for event in chunk:
@@ -136,7 +129,7 @@ async def _plain(
     consumer = asyncio.create_task(consume())
     started = time.perf_counter()
     for index, offset in enumerate(range(0, len(payloads), chunk_size)):
-        await _pace(started, index, interval)
+        await pace(started, index, interval)
         chunk = payloads[offset : offset + chunk_size]
         stamp = time.perf_counter()
         futures = []

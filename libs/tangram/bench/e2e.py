@@ -37,6 +37,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tangram.bench.pacing import pace
+from tangram.bench.prepare import percentiles
 from tangram.bus import Bus, BusConfig
 from tangram.demo.driver import Tracker, wait_for_cluster
 from tangram.demo.scenario import mig, whole_gpus
@@ -51,7 +53,6 @@ from tangram.events import (
 )
 from tangram.kubelet.client import ClaimHandle, KubeletClient
 from tangram.local.processes import LocalCluster, SimNode
-from tangram.stats import percentile
 
 TARGET_P99_MS = 50.0
 DECISION_TIMEOUT_S = 30.0
@@ -76,12 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def summary(samples_ms: Sequence[float]) -> dict[str, float | int]:
     if not samples_ms:
         return {"count": 0}
-    return {
-        "count": len(samples_ms),
-        "p50_ms": round(percentile(samples_ms, 0.5), 3),
-        "p99_ms": round(percentile(samples_ms, 0.99), 3),
-        "max_ms": round(max(samples_ms), 3),
-    }
+    return {"count": len(samples_ms), **percentiles(samples_ms), "max_ms": round(max(samples_ms), 3)}
 
 
 @dataclass
@@ -93,7 +89,6 @@ class Timeline:
     published: float | None = None
     decided: float | None = None
     allocator_ms: float | None = None
-    node: str = ""
     waits_for_partition: bool = False
     partitioned: float | None = None
     prepare_started: float | None = None
@@ -103,7 +98,6 @@ class Timeline:
 
 @dataclass
 class Run:
-    cluster: LocalCluster
     bus: Bus
     tracker: Tracker
     kubelets: dict[str, KubeletClient]
@@ -147,7 +141,6 @@ class Run:
         assert isinstance(decision, ClaimAllocated)
         # the decision's timestamp is the allocator's: from the request to it is the allocator's share
         line.allocator_ms = (decision.time.timestamp() - line.requested_at) * 1000
-        line.node = decision.node
         line.waits_for_partition = bool(decision.partitions)
         handle = ClaimHandle(NAMESPACE, uid, name)
         kubelet = self.kubelets[decision.node]
@@ -176,16 +169,14 @@ async def _arrivals(run: Run, rate: float, duration_s: float, mix: str, seed: in
     seconds the arrivals took."""
     rng = random.Random(seed)  # noqa: S311 - a reproducible mix, not a secret
     interval = 1.0 / rate
-    started = time.monotonic()
+    started = time.perf_counter()
     tasks: list[asyncio.Task[None]] = []
     number = 0
-    while (due := started + number * interval) < started + duration_s:
-        delay = due - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
+    while number * interval < duration_s:
+        await pace(started, number, interval)
         tasks.append(asyncio.create_task(run.one_claim(number, _spec(mix, rng))))
         number += 1
-    window = time.monotonic() - started
+    window = time.perf_counter() - started
     await asyncio.gather(*tasks)
     return window
 
@@ -203,12 +194,9 @@ async def _bus_floor(bus: Bus, rate: float, count: int) -> list[float]:
     subject = f"bench.floor.{uuid.uuid4().hex}"
     subscription = await bus.nats.subscribe(subject, cb=on_message)
     sent: dict[str, float] = {}
-    started = time.monotonic()
+    started = time.perf_counter()
     for n in range(count):
-        due = started + n / rate
-        delay = due - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
+        await pace(started, n, 1.0 / rate)
         key = f"{n}"
         sent[key] = time.monotonic()
         await bus.nats.publish(subject, b"{}", headers={"Nats-Msg-Id": key})
@@ -246,7 +234,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
             await bus.ensure_streams()
             await wait_for_cluster(cluster, bus, tracker)
             kubelets = {node.name: KubeletClient(cluster.dra_socket(node.name)) for node in nodes}
-            run = Run(cluster, bus, tracker, kubelets)
+            run = Run(bus, tracker, kubelets)
             tracker.watch = run.watch
             load_before = os.getloadavg()[0]
             window = await _arrivals(run, args.rate, args.duration, args.mix, args.seed)
