@@ -26,11 +26,11 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tangram.local.gobuild import build_once, cache_root, module_dir, tool_main
+from tangram.local.launch import end_process
 
 COMPOSE_VERSION = "v5.6.0"
 COMPOSE_MODULE = "github.com/docker/compose/v5"
@@ -133,10 +133,11 @@ def docker(args: Sequence[str], *, env: Mapping[str, str] | None = None, timeout
     return result.stdout
 
 
-def engine_answers() -> bool:
-    """Whether a Docker engine answers the docker CLI (DOCKER_HOST, else the default socket)."""
+def engine_version() -> str | None:
+    """The version of the Docker engine the docker CLI reaches (DOCKER_HOST, else the default
+    socket); None when none answers."""
     if shutil.which("docker") is None:
-        return False
+        return None
     result = subprocess.run(
         ["docker", "version", "--format", "{{.Server.Version}}"],
         capture_output=True,
@@ -144,22 +145,19 @@ def engine_answers() -> bool:
         timeout=30,
         check=False,
     )
-    return result.returncode == 0 and bool(result.stdout.strip())
-
-
-@dataclass(frozen=True)
-class Engine:
-    version: str
-    started_here: bool  # started by `running_engine`, which stops it again
+    if result.returncode != 0:
+        return None
+    return result.stdout.strip() or None
 
 
 @contextmanager
-def running_engine(workdir: Path) -> Iterator[Engine]:
-    """A Docker engine for the duration: the one that answers, else `dockerd` started here (it
-    needs root, as every dockerd without rootless setup does) and stopped on the way out. Its
-    images and build cache stay in dockerd's data root for the next run."""
-    if engine_answers():
-        yield Engine(_server_version(), started_here=False)
+def running_engine(workdir: Path) -> Iterator[str]:
+    """A Docker engine for the duration, and its version: the one that answers, else `dockerd`
+    started here (it needs root, as every dockerd without rootless setup does) and stopped on the
+    way out. Its images and build cache stay in dockerd's data root for the next run."""
+    version = engine_version()
+    if version is not None:
+        yield version
         return
     dockerd = shutil.which("dockerd")
     if dockerd is None:
@@ -177,23 +175,14 @@ def running_engine(workdir: Path) -> Iterator[Engine]:
         )
     try:
         deadline = time.monotonic() + DAEMON_START_S
-        while not engine_answers():
+        while (version := engine_version()) is None:
             if process.poll() is not None or time.monotonic() > deadline:
                 tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
                 raise DockerError(f"dockerd did not start (see {log_path}): {' | '.join(tail)}")
             time.sleep(0.5)
-        yield Engine(_server_version(), started_here=True)
+        yield version
     finally:
-        process.terminate()
-        try:
-            process.wait(DAEMON_STOP_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def _server_version() -> str:
-    return docker(["version", "--format", "{{.Server.Version}}"], env=os.environ).strip()
+        end_process(process, timeout=DAEMON_STOP_S)
 
 
 def base_image_tag() -> str:
