@@ -44,19 +44,30 @@ GPU1 = "GPU-55555555-6666-7777-8888-999999999999"
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "libs" / "tangram" / "cdi" / "schema"
 
 
+def h100(index: int, uuid: str, *, minor: int, pci_bus_id: str, **fields: Any) -> GpuInfo:
+    """An H100 SXM5 80GB as NVML describes it, with the fields a test sets besides."""
+    return GpuInfo(
+        index=index,
+        uuid=uuid,
+        name="NVIDIA H100 80GB HBM3",
+        product="H100-SXM5-80GB",
+        architecture="hopper",
+        cuda_compute_capability="9.0",
+        pci_bus_id=pci_bus_id,
+        minor=minor,
+        memory_mib=81559,
+        multiprocessors=132,
+        **fields,
+    )
+
+
 def inventory() -> NodeInventory:
     gpus = [
-        GpuInfo(
-            index=index,
-            uuid=uuid,
-            name="NVIDIA H100 80GB HBM3",
-            product="H100-SXM5-80GB",
-            architecture="hopper",
-            cuda_compute_capability="9.0",
-            pci_bus_id=f"00000000:{18 + index:02x}:00.0",
+        h100(
+            index,
+            uuid,
             minor=minor,
-            memory_mib=81559,
-            multiprocessors=132,
+            pci_bus_id=f"00000000:{18 + index:02x}:00.0",
             mig_capable=True,
             mig_enabled=index == 1,
         )
@@ -262,18 +273,5 @@ def one_gpu_node(
     node: str, uuid: str, *, index: int = 1, health: str = "healthy", reason: str = ""
 ) -> NodeHardware:
     """A node's inventory of one H100 (GPU `index`), healthy or not as told."""
-    gpu = GpuInfo(
-        index=index,
-        uuid=uuid,
-        name="NVIDIA H100 80GB HBM3",
-        product="H100-SXM5-80GB",
-        architecture="hopper",
-        cuda_compute_capability="9.0",
-        pci_bus_id="00000000:19:00.0",
-        minor=index,
-        memory_mib=81559,
-        multiprocessors=132,
-        health=health,  # type: ignore[arg-type]
-        health_reason=reason,
-    )
+    gpu = h100(index, uuid, minor=index, pci_bus_id="00000000:19:00.0", health=health, health_reason=reason)
     return NodeHardware(node=node, driver_version="580.95.5", gpus=[gpu])
