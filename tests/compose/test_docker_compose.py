@@ -10,6 +10,7 @@ The tests run in file order on one stack: the last takes it down and checks noth
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import urllib.request
@@ -52,6 +53,7 @@ class Stack:
     project: str
     env: dict[str, str]
     nats_url: str
+    monitor_url: str  # nats-1's monitoring port
     ui_url: str
 
     def compose(self, *args: str, timeout: float = 300.0) -> str:
@@ -91,6 +93,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 f"tangram-test-{os.getpid()}",
                 env,
                 f"nats://127.0.0.1:{ports['nats']}",
+                f"http://127.0.0.1:{ports['monitor']}",
                 f"http://127.0.0.1:{ports['ui']}",
             )
             try:
@@ -148,9 +151,12 @@ async def stored(bus: Bus) -> dict[str, list[str]]:
     return {name: [e.event_id async for _, e in bus.replay(name)] for name in (CLAIMS_STREAM, NODES_STREAM)}
 
 
-async def led_without(bus: Bus, server: str) -> bool:
-    """Whether every stream has a leader other than `server` (the cluster elects new ones when the
-    leader dies; until then requests time out)."""
+async def led_without(stack: Stack, bus: Bus, server: str) -> bool:
+    """Whether the cluster's metadata (consumers are made there: every replay makes one) and every
+    stream have a leader other than `server`. The cluster elects new ones when a leader dies;
+    until then requests time out."""
+    if await asyncio.to_thread(meta_leader, stack) in (None, server):
+        return False
     for spec in STREAMS:
         try:
             info = await bus.jetstream.stream_info(spec.name)
@@ -159,6 +165,16 @@ async def led_without(bus: Bus, server: str) -> bool:
         if info.cluster is None or info.cluster.leader in (None, server):
             return False
     return True
+
+
+def meta_leader(stack: Stack) -> str | None:
+    """The metadata leader nats-1's monitoring names; None while there is none (or no answer)."""
+    try:
+        with urllib.request.urlopen(f"{stack.monitor_url}/jsz", timeout=5) as response:
+            leader = json.load(response).get("meta_cluster", {}).get("leader")
+    except OSError:
+        return None
+    return str(leader) if leader else None
 
 
 def fleet(stack: Stack) -> dict[str, Any]:
@@ -230,9 +246,8 @@ async def test_killing_one_nats_server_loses_nothing(stack: Stack) -> None:
     try:
         before = await stored(bus)
         stack.compose("kill", "nats-2")
-        await until(
-            "every stream led by a server left", lambda: led_without(bus, "nats-2"), WAIT_S, every=0.5
-        )
+        left = "the metadata and every stream led by a server left"
+        await until(left, lambda: led_without(stack, bus, "nats-2"), WAIT_S, every=0.5)
         after = await stored(bus)
         # every event stored before is still there (services may have added some since)
         assert {name: ids[: len(before[name])] for name, ids in after.items()} == before
