@@ -10,7 +10,8 @@ from tangram.allocation.holdings import Holdings, MadeInstance
 from tangram.allocation.model import Allocated, Claim, Explanation, PartitionPlan
 from tangram.allocation.node import ExistingInstance, NodeState
 from tangram.allocation.nodeindex import NodeIndex
-from tangram.allocation.placement import Choice, DemandIndex, fit_state, options_on
+from tangram.allocation.options import fit_state, options_on
+from tangram.allocation.placement import Choice, DemandIndex
 from tangram.allocation.requests import ResolvedClaim
 from tangram.allocation.solver import Solution
 from tangram.dra.model import Device
