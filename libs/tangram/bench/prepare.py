@@ -1,7 +1,8 @@
 """`tangram bench prepare`: kubelet NodePrepare/NodeUnprepare latency over real unix-socket gRPC.
 
 Baseline in the same run: the same preparer (checkpoint + CDI spec writes) called directly, without
-gRPC, so the ratio shows what the RPC layer adds.
+gRPC, so the ratio shows what the RPC layer adds. `--warmup` claims go through both paths first, and
+the warm-up's prepare latencies are reported apart (they include opening the connection).
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ GPUS = 8
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--claims", type=int, default=200, help="claims prepared and unprepared per phase")
     parser.add_argument("--concurrency", type=int, default=50, help="calls in flight at once")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=50,
+        help="claims prepared and unprepared through each path before the timed phases (reported apart)",
+    )
 
 
 def percentiles(samples_ms: Sequence[float]) -> dict[str, float]:
@@ -126,7 +133,7 @@ async def _direct_phase(
     return await _timed([call(uid) for uid in uids], concurrency)
 
 
-async def _bench(claims: int, concurrency: int) -> dict[str, Any]:
+async def _bench(claims: int, concurrency: int, warmup: int = 0) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="tb-", dir="/tmp"))
     try:
         boot_id = root / "boot_id"
@@ -136,10 +143,17 @@ async def _bench(claims: int, concurrency: int) -> dict[str, Any]:
         )
         source = InMemoryAllocationSource(NODE)
         rpc_uids, direct_uids = _claim_uids(1, claims), _claim_uids(2, claims)
-        _feed(source, [*rpc_uids, *direct_uids])
+        warm_rpc, warm_direct = _claim_uids(3, warmup), _claim_uids(4, warmup)
+        _feed(source, [*rpc_uids, *direct_uids, *warm_rpc, *warm_direct])
         plugin = await build_plugin(config, source)
         async with plugin, grpc.aio.insecure_channel(f"unix://{config.dra_socket}") as channel:
             stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
+            # The first calls also open kubelet's connection and run code paths for the first
+            # time; a kubelet pays that once, so it is measured apart from the steady state.
+            warm_prepare_rpc = await _grpc_phase(stub, warm_rpc, concurrency, prepare=True)
+            await _grpc_phase(stub, warm_rpc, concurrency, prepare=False)
+            await _direct_phase(plugin.preparer, warm_direct, concurrency, prepare=True)
+            await _direct_phase(plugin.preparer, warm_direct, concurrency, prepare=False)
             prepare_rpc = await _grpc_phase(stub, rpc_uids, concurrency, prepare=True)
             unprepare_rpc = await _grpc_phase(stub, rpc_uids, concurrency, prepare=False)
             prepare_direct = await _direct_phase(plugin.preparer, direct_uids, concurrency, prepare=True)
@@ -148,6 +162,8 @@ async def _bench(claims: int, concurrency: int) -> dict[str, Any]:
             "benchmark": "prepare",
             "claims": claims,
             "concurrency": concurrency,
+            "warmup_claims": warmup,
+            "warmup_prepare_grpc": percentiles(warm_prepare_rpc) if warm_prepare_rpc else None,
             "prepare_grpc": percentiles(prepare_rpc),
             "unprepare_grpc": percentiles(unprepare_rpc),
             "prepare_direct": percentiles(prepare_direct),
@@ -162,7 +178,9 @@ async def _bench(claims: int, concurrency: int) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.claims < 1 or args.concurrency < 1:
-        raise SystemExit("tangram bench prepare: --claims and --concurrency must be at least 1")
-    print(json.dumps(asyncio.run(_bench(args.claims, args.concurrency))))
+    if args.claims < 1 or args.concurrency < 1 or args.warmup < 0:
+        raise SystemExit(
+            "tangram bench prepare: --claims and --concurrency must be at least 1, --warmup at least 0"
+        )
+    print(json.dumps(asyncio.run(_bench(args.claims, args.concurrency, args.warmup))))
     return 0

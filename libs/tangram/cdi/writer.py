@@ -8,6 +8,8 @@ import os
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import msgspec
+
 from tangram.cdi.atomic import atomic_write, remove_durably
 from tangram.cdi.devices import ResolvedAllocation
 from tangram.cdi.driver import DriverFiles
@@ -70,11 +72,16 @@ class CdiSpecWriter:
         validate_spec(spec)
         return spec
 
-    def write(self, allocation: ResolvedAllocation) -> Path:
-        spec = self.render(allocation)
+    def write(self, allocation: ResolvedAllocation, spec: dict[str, Any] | None = None) -> Path:
+        """Write the claim's spec; `spec` is what `render(allocation)` returned, when the caller
+        rendered it already (rendering validates, which is most of its cost)."""
+        if spec is None:
+            spec = self.render(allocation)
         path = self.path_for(allocation.claim.uid)
         self.ensure_dir()
-        atomic_write(path, json.dumps(spec, indent=2).encode() + b"\n", mode=SPEC_FILE_MODE)
+        # msgspec's encoder and formatter are C; json.dumps with an indent runs in Python
+        text = msgspec.json.format(msgspec.json.encode(spec), indent=2)
+        atomic_write(path, text + b"\n", mode=SPEC_FILE_MODE)
         return path
 
     def exists(self, claim_uid: str) -> bool:

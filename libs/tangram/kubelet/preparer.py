@@ -254,7 +254,7 @@ class ClaimPreparer:
         allocation = await self._source.resolve(claim, timeout_s=self._resolve_timeout_s)
         if allocation.claim.uid != claim.uid:
             raise AllocationUnavailable(f"allocation source answered for claim {allocation.claim.uid}")
-        self._writer.render(allocation)  # refuse a bad spec before anything is recorded
+        spec = self._writer.render(allocation)  # refuse a bad spec before anything is recorded
         await self._share(allocation)
         try:
             await self._join_domain(allocation)
@@ -265,7 +265,7 @@ class ClaimPreparer:
         self._claims[claim.uid] = CheckpointedClaim(state="preparing", allocation=allocation)
         await self._checkpoint.save(self._claims)
         try:
-            await asyncio.to_thread(self._writer.write, allocation)
+            await asyncio.to_thread(self._writer.write, allocation, spec)
         except BaseException:
             self._claims.pop(claim.uid, None)
             await asyncio.shield(self._checkpoint.save(self._claims))
