@@ -53,6 +53,18 @@ def fail(code: int) -> pynvml.NVMLError:
     return pynvml.NVMLError(code)
 
 
+def fill_out_array(refs: Any, count_ref: Any, items: list[Any]) -> int:
+    """NVML's output arrays: the count is always set, and an array too short for every item
+    gets none of them and NVML_ERROR_INSUFFICIENT_SIZE, so the caller can size it and ask again."""
+    count = handles.out_value(count_ref)
+    count.value = len(items)
+    if refs is not None and len(refs) < len(items):
+        raise fail(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+    for i, item in enumerate(items):
+        refs[i] = item
+    return int(pynvml.NVML_SUCCESS)
+
+
 def pci_info(bus_id: str, device_id: int | None) -> Any:
     domain, bus, rest = bus_id.upper().split(":")
     device = rest.split(".")[0]

@@ -7,7 +7,7 @@ from typing import Any
 import pynvml
 
 from tangram.nvml.sim import handles, mig, wiring
-from tangram.nvml.sim.core import SimCore, fail
+from tangram.nvml.sim.core import SimCore, fail, fill_out_array
 from tangram.nvml.sim.state import SimComputeInstance, SimGpuInstance, SimState
 
 
@@ -82,15 +82,12 @@ class SimMigCalls(SimCore):
                 raise fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
             if self._products[d.gpu].profile_by_id(profileId) is None:
                 raise fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-            found = [gi for gi in gpu.gpu_instances if gi.profile_id == profileId]
-            count = handles.out_value(countRef)
-            if gpuInstancesRef is not None and len(gpuInstancesRef) < len(found):
-                count.value = len(found)
-                raise fail(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
-            for i, gi in enumerate(found):
-                gpuInstancesRef[i] = handles.make(handles.GPU_INSTANCE, d.gpu, gi.id)
-            count.value = len(found)
-            return int(pynvml.NVML_SUCCESS)
+            found = [
+                handles.make(handles.GPU_INSTANCE, d.gpu, gi.id)
+                for gi in gpu.gpu_instances
+                if gi.profile_id == profileId
+            ]
+            return fill_out_array(gpuInstancesRef, countRef, found)
 
     def nvmlDeviceGetGpuInstanceById(self, device: Any, gpuInstanceId: int) -> Any:
         d = self._gpu_index(device)
@@ -159,15 +156,12 @@ class SimMigCalls(SimCore):
             size = mig.CI_SLICES_BY_PROFILE_ID.get(profileId)
             if size is None or size not in mig.ci_sizes(self._gi_profile(d.gpu, gi)):
                 raise fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
-            found = [ci for ci in gi.compute_instances if ci.profile_id == profileId]
-            count = handles.out_value(countRef)
-            if computeInstancesRef is not None and len(computeInstancesRef) < len(found):
-                count.value = len(found)
-                raise fail(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
-            for i, ci in enumerate(found):
-                computeInstancesRef[i] = handles.make(handles.COMPUTE_INSTANCE, d.gpu, gi.id, ci.id)
-            count.value = len(found)
-            return int(pynvml.NVML_SUCCESS)
+            found = [
+                handles.make(handles.COMPUTE_INSTANCE, d.gpu, gi.id, ci.id)
+                for ci in gi.compute_instances
+                if ci.profile_id == profileId
+            ]
+            return fill_out_array(computeInstancesRef, countRef, found)
 
     def _ci(self, state: SimState, handle: Any) -> tuple[handles.Decoded, SimGpuInstance, SimComputeInstance]:
         d = handles.decode(handle)
