@@ -94,6 +94,33 @@ async def test_killing_the_stream_leader_mid_publish_loses_nothing_acknowledged(
         await bus.close()
 
 
+async def test_replays_started_just_after_a_server_dies_read_the_whole_log_once(
+    nats_cluster: NatsCluster,
+) -> None:
+    """For seconds after a server dies the metadata leader may still place a new consumer on it,
+    and a create retried under the same name stayed there: replays started then still read every
+    event once, in order."""
+    bus = await connect(nats_cluster)
+    try:
+        await bus.ensure_streams()
+        published = [claim(n) for n in range(30)]
+        for event in published:
+            await bus.publish(event)
+        leader = await stream_leader(bus, CLAIMS_STREAM)
+        connected = bus.nats.connected_url
+        assert connected is not None
+        victim = next(
+            i
+            for i, s in enumerate(nats_cluster.servers)
+            if s.cluster and s.cluster.server_name != leader and s.port != connected.port
+        )
+        await asyncio.to_thread(nats_cluster.kill, victim)
+        for _ in range(10):
+            assert await stored_uids(bus) == [e.uid for e in published]
+    finally:
+        await bus.close()
+
+
 async def test_the_bus_keeps_working_through_rolling_server_restarts(nats_cluster: NatsCluster) -> None:
     """Each server in turn is killed and restarted while events flow: a restarted server catches up,
     so losing the next one still loses nothing; a durable consumer sees every event once."""

@@ -19,7 +19,7 @@ import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import PubAck, RawStreamMsg
+from nats.js.api import ConsumerConfig, ConsumerInfo, PubAck, RawStreamMsg
 
 from tangram.bus import consume as durable
 from tangram.bus import publish as publishing
@@ -100,6 +100,10 @@ class Bus:
         permissions pin which filter a user may read.
         """
         return self._link.consumer_name()
+
+    async def short_lived_consumer(self, stream: str, config: ConsumerConfig, what: str) -> ConsumerInfo:
+        """A follow's or replay's consumer, created so that a server dying does not hold it up."""
+        return await self._link.short_lived_consumer(stream, config, what)
 
     async def ensure_consumer(self, spec: ConsumerSpec) -> None:
         await declare.ensure_consumer(self._link, spec)

@@ -4,6 +4,7 @@ request takes (transient failures waited out, every other failure a BusError).""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -16,6 +17,7 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig, ConsumerInfo
 
 from tangram.bus.config import (
     TRANSIENT,
@@ -32,6 +34,9 @@ from tangram.bus.errors import BusError
 log = logging.getLogger("tangram.bus")
 
 T = TypeVar("T")
+
+SHORT_LIVED_CREATE_WAIT_S = 3.0  # one attempt; a healthy create answers in milliseconds
+SHORT_LIVED_CREATE_RETRY_S = 30.0  # all attempts: longer than a cluster takes to mark a server gone
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,29 @@ class Link:
     def consumer_name(self) -> str:
         """A fresh name for a short-lived consumer: `<user>-<random>`."""
         return f"{self.user}-{uuid.uuid4().hex[:16]}"
+
+    async def short_lived_consumer(self, stream: str, config: ConsumerConfig, what: str) -> ConsumerInfo:
+        """Create a replay's or a follow's consumer (`config` less its name); its info, with its name.
+
+        For seconds after a server dies, the metadata leader may still place a new consumer on it,
+        and the create is never answered; retried under the same name it stays placed there (a
+        create that way was refused for 40 s, 3 servers, one killed). So each attempt has a fresh
+        name and a short wait. An attempt that was not answered in time may yet exist: it is
+        deleted, and readers keep only deliveries of the consumer returned.
+        """
+        tried: list[str] = []
+
+        def attempt() -> Awaitable[ConsumerInfo]:
+            tried.append(self.consumer_name())
+            return self.js.add_consumer(
+                stream, config.evolve(name=tried[-1]), timeout=SHORT_LIVED_CREATE_WAIT_S
+            )
+
+        info = await self.request(attempt, what, retry_s=SHORT_LIVED_CREATE_RETRY_S)
+        for stale in tried[:-1]:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.js.delete_consumer(stream, stale), SHORT_LIVED_CREATE_WAIT_S)
+        return info
 
 
 async def dial(

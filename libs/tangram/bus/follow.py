@@ -49,7 +49,7 @@ class FollowedBus(Protocol):
     @property
     def jetstream(self) -> JetStreamContext: ...
 
-    def consumer_name(self) -> str: ...
+    async def short_lived_consumer(self, stream: str, config: ConsumerConfig, what: str) -> ConsumerInfo: ...
 
     async def _api(self, call: Callable[[], Awaitable[T]], what: str, *, retry_s: float = 0.0) -> T: ...
 
@@ -122,7 +122,6 @@ class Follower:
             with contextlib.suppress(Exception):
                 await self._bus.jetstream.delete_consumer(self._stream, old)
         config = ConsumerConfig(
-            name=self._bus.consumer_name(),
             deliver_subject=inbox,
             ack_policy=AckPolicy.NONE,
             deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
@@ -134,10 +133,8 @@ class Follower:
             inactive_threshold=30.0,
             mem_storage=True,
         )
-        info: ConsumerInfo = await self._bus._api(
-            lambda: self._bus.jetstream.add_consumer(self._stream, config),
-            f"follow {', '.join(self._filters)}",
-            retry_s=10,
+        info = await self._bus.short_lived_consumer(
+            self._stream, config, f"follow {', '.join(self._filters)}"
         )
         self._consumer = info.name
         self._next_consumer_seq = 1

@@ -33,6 +33,16 @@ def delivery_position(msg: Msg) -> tuple[int, int]:
     return meta.sequence.stream, meta.num_pending
 
 
+def delivery_consumer(msg: Msg) -> str:
+    """The consumer that delivered `msg`, from its $JS.ACK reply subject (forms as above)."""
+    tokens = (msg.reply or "").split(".")
+    if len(tokens) == 9:
+        return tokens[3]
+    if len(tokens) >= 11:
+        return tokens[5]
+    return msg.metadata.consumer
+
+
 class SlowWatch:
     """Tells the server a slow handler is still working (in_progress), so it is not redelivered."""
 

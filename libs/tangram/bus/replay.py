@@ -18,7 +18,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RawStreamMsg
 from tangram.bus.connection import Link
 from tangram.bus.errors import BusError
 from tangram.bus.follow import PositionHook
-from tangram.bus.lanes import delivery_position
+from tangram.bus.lanes import delivery_consumer, delivery_position
 from tangram.bus.metrics import SKIPPED
 from tangram.events import Event, EventDecodeError, admission, decode
 
@@ -85,9 +85,7 @@ async def replay_messages(
         arrived.append(msg)
         more.set()
 
-    sub = await nc.subscribe(inbox, cb=deliver)
     config = ConsumerConfig(
-        name=link.consumer_name(),
         deliver_subject=inbox,
         ack_policy=AckPolicy.NONE,
         deliver_policy=(
@@ -102,11 +100,11 @@ async def replay_messages(
         inactive_threshold=30.0,
         mem_storage=True,
     )
+
+    sub = await nc.subscribe(inbox, cb=deliver)
     consumer = None
     try:
-        consumer = await link.request(
-            lambda: js.add_consumer(stream, config), f"replay consumer on {stream}", retry_s=10
-        )
+        consumer = await link.short_lived_consumer(stream, config, f"replay consumer on {stream}")
         # An unfiltered replay ends at the last sequence the stream's leader reported. The
         # consumer may be placed on a replica still catching up (a server just restarted): its
         # own count of what is pending would end the replay early, missing the newest events.
@@ -122,6 +120,8 @@ async def replay_messages(
                     raise BusError(f"replay of {stream} stalled: nothing delivered for 30 s") from exc
             batch, arrived[:] = list(arrived), []
             for msg in batch:
+                if delivery_consumer(msg) != consumer.name:
+                    continue  # an earlier attempt's consumer, created after all
                 sequence, pending = delivery_position(msg)
                 if sequence > last_seq:
                     return
