@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -144,6 +145,7 @@ async def started_fleet(
         asyncio.create_task(NodeKubelet(kube, node=n.name, dra_socket=cluster.dra_socket(n.name)).run(stop))
         for n in sims
     ]
+    failed = False
     try:
         for sim_node in sims:
 
@@ -154,6 +156,9 @@ async def started_fleet(
             # registration.
             await until(f"the kubelet plugin of {sim_node.name} serving", serving)
         yield [Node(n.name, unique, cluster, kube, n.machine) for n in sims]
+    except BaseException:
+        failed = True
+        raise
     finally:
         stop.set()
         await asyncio.gather(*kubelets)
@@ -166,6 +171,8 @@ async def started_fleet(
             with contextlib.suppress(KubeApiError):
                 await call("delete node", CoreV1Api(kube).delete_node(sim_node.name))
         assert all(code == 0 for name, code in codes.items() if name not in cluster.crashed), codes
+        if not failed:  # what failed keeps its services' logs and state to look at
+            shutil.rmtree(cluster.workdir, ignore_errors=True)
 
 
 def template(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
