@@ -17,7 +17,6 @@ from referencing.jsonschema import DRAFT7
 from tangram.events import (
     AllocatedDevice,
     ClaimAllocated,
-    GpuInfo,
     MigPlacement,
     NodeHardware,
     NodeInventory,
@@ -37,28 +36,12 @@ from tangram.kubelet.proto import (
     pluginregistration_pb2_grpc,
 )
 from tests.support.driver import DRIVER
+from tests.support.gpus import h100
 
 NODE = "node-a"
 GPU0 = "GPU-00000000-1111-2222-3333-444444444444"
 GPU1 = "GPU-55555555-6666-7777-8888-999999999999"
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "libs" / "tangram" / "cdi" / "schema"
-
-
-def h100(index: int, uuid: str, *, minor: int, pci_bus_id: str, **fields: Any) -> GpuInfo:
-    """An H100 SXM5 80GB as NVML describes it, with the fields a test sets besides."""
-    return GpuInfo(
-        index=index,
-        uuid=uuid,
-        name="NVIDIA H100 80GB HBM3",
-        product="H100-SXM5-80GB",
-        architecture="hopper",
-        cuda_compute_capability="9.0",
-        pci_bus_id=pci_bus_id,
-        minor=minor,
-        memory_mib=81559,
-        multiprocessors=132,
-        **fields,
-    )
 
 
 def inventory() -> NodeInventory:

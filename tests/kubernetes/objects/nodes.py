@@ -6,6 +6,7 @@ H100 80GB HBM3: `nvidia-smi mig -lgip` sizes (GiB x 1024 = MiB) and placements (
 from __future__ import annotations
 
 from tangram.events.inventory import GpuInfo, MigInstance, MigPlacement, MigProfile, NodeHardware
+from tests.support.gpus import h100
 
 # (name, id, index, memory slices, compute slices, MiB, SMs, starts, +me)
 H100_PROFILES = [
@@ -49,17 +50,11 @@ def profiles(table: list[tuple[str, int, int, int, int, int, int, list[int], boo
 
 def h100_node(node: str = "hgx-h100-1", *, health: list[str] | None = None) -> NodeHardware:
     gpus = [
-        GpuInfo(
-            index=i,
-            uuid=f"GPU-1d6e0b7a-0000-4000-8000-00000000000{i}",
-            name="NVIDIA H100 80GB HBM3",
-            product="H100-SXM5-80GB",
-            architecture="hopper",
-            cuda_compute_capability="9.0",
-            pci_bus_id=f"00000000:{0x18 + 16 * i:02x}:00.0",
+        h100(
+            i,
+            f"GPU-1d6e0b7a-0000-4000-8000-00000000000{i}",
             minor=i,
-            memory_mib=81559,
-            multiprocessors=132,
+            pci_bus_id=f"00000000:{0x18 + 16 * i:02x}:00.0",
             numa_node=0 if i < 4 else 1,
             pcie_root=f"pci0000:{0x15 + 16 * i:02x}",
             nvlink_domain="nvswitch-0",
