@@ -20,7 +20,7 @@ from tangram.bus.deadletters import dead_letter
 from tangram.bus.declarations import STREAMS_BY_NAME, ConsumerSpec
 from tangram.bus.errors import BusError, Poison, Retry
 from tangram.bus.follow import PositionHook
-from tangram.bus.lanes import Lanes, SlowWatch, delivery_position, lane_key
+from tangram.bus.lanes import Delivery, Lanes, SlowWatch, lane_key
 from tangram.bus.metrics import CONSUMED, DEAD_LETTERS, HANDLE_SECONDS
 from tangram.bus.publish import publish
 from tangram.bus.streams import ensure_consumer
@@ -135,7 +135,7 @@ async def _handle(
     watch.begin(msg, started)
     try:
         if on_position is not None:
-            on_position(spec.stream, delivery_position(msg)[0])
+            on_position(spec.stream, Delivery.of(msg).stream_seq)
         await handler(event)
     except Poison as exc:
         await _dead_letter(link, spec, msg, f"poison: {exc}")

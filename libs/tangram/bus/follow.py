@@ -26,6 +26,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 
 from tangram.bus.declarations import ConsumerSpec
 from tangram.bus.errors import BusError
+from tangram.bus.lanes import Delivery
 from tangram.events import Event
 
 log = logging.getLogger("tangram.bus")
@@ -58,20 +59,6 @@ class FollowedBus(Protocol):
 
 HEARTBEAT_S = 2.0
 SILENCE_S = 3 * HEARTBEAT_S  # no message nor heartbeat for this long: start a fresh consumer
-
-
-class _Delivery:
-    """What a `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<time>.<pending>` reply says."""
-
-    __slots__ = ("consumer", "consumer_seq", "pending", "stream_seq")
-
-    def __init__(self, reply: str) -> None:
-        tokens = reply.split(".")
-        base = 2 if len(tokens) == 9 else 4  # the 12-token form adds domain and account hash
-        self.consumer = tokens[base + 1]
-        self.stream_seq = int(tokens[base + 3])
-        self.consumer_seq = int(tokens[base + 4])
-        self.pending = int(tokens[base + 6])
 
 
 class Follower:
@@ -155,7 +142,7 @@ class Follower:
                     msg = await asyncio.wait_for(self._queue.get(), 0.5)
                 except TimeoutError:
                     continue
-                delivery = _Delivery(msg.reply)
+                delivery = Delivery.of(msg)
                 if delivery.consumer != self._consumer or delivery.stream_seq <= self._last_stream_seq:
                     continue  # left over from a consumer replaced since, or already handled
                 if delivery.consumer_seq != self._next_consumer_seq:

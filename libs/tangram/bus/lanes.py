@@ -17,30 +17,31 @@ from nats.aio.msg import Msg
 from tangram.events import Event
 
 
-def delivery_position(msg: Msg) -> tuple[int, int]:
-    """(stream sequence, messages pending) from the $JS.ACK reply subject, without full metadata.
-
+class Delivery:
+    """What a JetStream delivery's reply subject says of it, without nats-py's metadata objects
+    (much cheaper, and a replay reads every message of the log):
     `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<time>.<pending>` (9 tokens), or the
-    form with domain and account hash (12 tokens). Parsing two fields is much cheaper than
-    nats-py's metadata objects, and a replay reads every message of the log.
-    """
-    tokens = msg.reply.split(".")
-    if len(tokens) == 9:
-        return int(tokens[5]), int(tokens[8])
-    if len(tokens) >= 11:
-        return int(tokens[7]), int(tokens[10])
-    meta = msg.metadata
-    return meta.sequence.stream, meta.num_pending
+    form with domain and account hash (12 tokens)."""
 
+    __slots__ = ("consumer", "consumer_seq", "pending", "stream_seq")
 
-def delivery_consumer(msg: Msg) -> str:
-    """The consumer that delivered `msg`, from its $JS.ACK reply subject (forms as above)."""
-    tokens = (msg.reply or "").split(".")
-    if len(tokens) == 9:
-        return tokens[3]
-    if len(tokens) >= 11:
-        return tokens[5]
-    return msg.metadata.consumer
+    def __init__(self, consumer: str, stream_seq: int, consumer_seq: int, pending: int) -> None:
+        self.consumer = consumer
+        self.stream_seq = stream_seq
+        self.consumer_seq = consumer_seq
+        self.pending = pending
+
+    @classmethod
+    def of(cls, msg: Msg) -> Delivery:
+        tokens = (msg.reply or "").split(".")
+        if len(tokens) == 9:
+            base = 2
+        elif len(tokens) >= 11:
+            base = 4
+        else:
+            meta = msg.metadata
+            return cls(meta.consumer, meta.sequence.stream, meta.sequence.consumer, meta.num_pending)
+        return cls(tokens[base + 1], int(tokens[base + 3]), int(tokens[base + 4]), int(tokens[base + 6]))
 
 
 class SlowWatch:

@@ -18,7 +18,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RawStreamMsg
 from tangram.bus.connection import Link
 from tangram.bus.errors import BusError
 from tangram.bus.follow import PositionHook
-from tangram.bus.lanes import delivery_consumer, delivery_position
+from tangram.bus.lanes import Delivery
 from tangram.bus.metrics import SKIPPED
 from tangram.events import Event, EventDecodeError, admission, decode
 
@@ -120,9 +120,10 @@ async def replay_messages(
                     raise BusError(f"replay of {stream} stalled: nothing delivered for 30 s") from exc
             batch, arrived[:] = list(arrived), []
             for msg in batch:
-                if delivery_consumer(msg) != consumer.name:
+                delivery = Delivery.of(msg)
+                if delivery.consumer != consumer.name:
                     continue  # an earlier attempt's consumer, created after all
-                sequence, pending = delivery_position(msg)
+                sequence, pending = delivery.stream_seq, delivery.pending
                 if sequence > last_seq:
                     return
                 yield sequence, msg
