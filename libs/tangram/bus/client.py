@@ -92,15 +92,6 @@ class Bus:
         """Create the streams and buckets, or update a stream that differs from its declaration."""
         await declare.ensure_streams(self._link, streams, key_values)
 
-    def consumer_name(self) -> str:
-        """A fresh name for a short-lived consumer: `<user>-<random>`.
-
-        Named, never anonymous, so that it is created through the filtered create API
-        (`$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`), whose subject lets the server's
-        permissions pin which filter a user may read.
-        """
-        return self._link.consumer_name()
-
     async def short_lived_consumer(self, stream: str, config: ConsumerConfig, what: str) -> ConsumerInfo:
         """A follow's or replay's consumer, created so that a server dying does not hold it up."""
         return await self._link.short_lived_consumer(stream, config, what)

@@ -70,7 +70,12 @@ class Link:
                 raise BusError(f"{what}: {exc}") from exc
 
     def consumer_name(self) -> str:
-        """A fresh name for a short-lived consumer: `<user>-<random>`."""
+        """A fresh name for a short-lived consumer: `<user>-<random>`.
+
+        Named, never anonymous, so that it is created through the filtered create API
+        (`$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`), whose subject lets the server's
+        permissions pin which filter a user may read.
+        """
         return f"{self.user}-{uuid.uuid4().hex[:16]}"
 
     async def short_lived_consumer(self, stream: str, config: ConsumerConfig, what: str) -> ConsumerInfo:

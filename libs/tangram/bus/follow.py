@@ -15,8 +15,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import nats.errors
 from nats.aio.client import Client as NatsClient
@@ -30,8 +30,6 @@ from tangram.bus.lanes import Delivery
 from tangram.events import Event
 
 log = logging.getLogger("tangram.bus")
-
-T = TypeVar("T")
 
 # Told (stream, sequence) of an event just before its handler runs, with no await in between: a
 # fold can record how far into each stream it had read when it decided something.
@@ -51,8 +49,6 @@ class FollowedBus(Protocol):
     def jetstream(self) -> JetStreamContext: ...
 
     async def short_lived_consumer(self, stream: str, config: ConsumerConfig, what: str) -> ConsumerInfo: ...
-
-    async def _api(self, call: Callable[[], Awaitable[T]], what: str, *, retry_s: float = 0.0) -> T: ...
 
     async def _decoded(self, spec: ConsumerSpec, msg: Msg) -> Event | None: ...
 
