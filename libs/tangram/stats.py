@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 
 def percentile(values: Iterable[float], q: float) -> float:
@@ -19,3 +19,8 @@ def percentile(values: Iterable[float], q: float) -> float:
     low = math.floor(position)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def percentiles(samples_ms: Sequence[float]) -> dict[str, float]:
+    """The p50 and p99 of latencies in milliseconds, as every benchmark reports them."""
+    return {"p50_ms": round(percentile(samples_ms, 0.5), 3), "p99_ms": round(percentile(samples_ms, 0.99), 3)}

@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tangram.bench.pacing import pace
-from tangram.bench.prepare import percentiles
 from tangram.bus import Bus, BusConfig
 from tangram.demo.driver import Tracker, wait_for_cluster
 from tangram.demo.scenario import mig, whole_gpus
@@ -53,6 +52,7 @@ from tangram.events import (
 )
 from tangram.kubelet.client import ClaimHandle, KubeletClient
 from tangram.local.processes import LocalCluster, SimNode
+from tangram.stats import percentiles
 
 TARGET_P99_MS = 50.0
 DECISION_TIMEOUT_S = 30.0

@@ -26,7 +26,7 @@ from tangram.kubelet.config import PluginConfig
 from tangram.kubelet.plugin import build_plugin
 from tangram.kubelet.preparer import ClaimPreparer
 from tangram.kubelet.proto import dra_v1_pb2, dra_v1_pb2_grpc
-from tangram.stats import percentile
+from tangram.stats import percentiles
 
 NODE = "bench-node"
 GPUS = 8
@@ -41,10 +41,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=50,
         help="claims prepared and unprepared through each path before the timed phases (reported apart)",
     )
-
-
-def percentiles(samples_ms: Sequence[float]) -> dict[str, float]:
-    return {"p50_ms": round(percentile(samples_ms, 0.5), 3), "p99_ms": round(percentile(samples_ms, 0.99), 3)}
 
 
 def _feed(source: InMemoryAllocationSource, uids: Sequence[str]) -> None:

@@ -52,7 +52,7 @@ from tangram.kubernetes.api import KubeApiError, call, call_json
 from tangram.kubernetes.api.watching import list_then_watch
 from tangram.kubernetes.objects.names import SCHEDULING_GATE
 from tangram.local.controlplane import ControlPlaneError
-from tangram.stats import percentile
+from tangram.stats import percentiles
 
 NODES = (("hgx-h200-0", "hgx-h200"), ("l40s-8-1", "l40s-8"))
 QUIET_SHAPE = ClaimShape("mig", compute=1, slices=1)  # a 1g.18gb slice: 56 on the H200 node
@@ -157,11 +157,7 @@ def latency(records: Sequence[QuietRecord]) -> dict[str, float | None]:
     samples = sorted(r.latency_s * 1000 for r in records if r.latency_s is not None)
     if not samples:
         return {"p50_ms": None, "p99_ms": None, "max_ms": None}
-    return {
-        "p50_ms": round(percentile(samples, 0.5), 3),
-        "p99_ms": round(percentile(samples, 0.99), 3),
-        "max_ms": round(samples[-1], 3),
-    }
+    return {**percentiles(samples), "max_ms": round(samples[-1], 3)}
 
 
 def quiet_report(

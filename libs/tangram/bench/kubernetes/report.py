@@ -9,9 +9,9 @@ from typing import Any
 
 from tangram import DRIVER_NAME
 from tangram.allocation import Allocated, FleetState, NvlinkTally
-from tangram.bench.prepare import percentiles
 from tangram.bench.traces import ClaimShape
 from tangram.events.inventory import NodeHardware
+from tangram.stats import percentiles
 
 
 @dataclass
