@@ -17,7 +17,7 @@ import msgspec
 
 from tangram import DRIVER_NAME
 from tangram.allocation import adoption
-from tangram.allocation.demand import ClaimKind, claim_kind, counts_as_demand
+from tangram.allocation.demand import ClaimKind, counts_as_demand
 from tangram.allocation.eligibility import NodeEligibility
 from tangram.allocation.holdings import Holdings
 from tangram.allocation.model import (
@@ -35,12 +35,13 @@ from tangram.allocation.node import NodeState
 from tangram.allocation.nodeindex import BucketKey, NodeIndex
 from tangram.allocation.placement import DemandIndex
 from tangram.allocation.plans import mig_plan
-from tangram.allocation.requests import ClaimError, ResolvedClaim, resolve
+from tangram.allocation.requests import ClaimError
+from tangram.allocation.resolutions import Resolutions
 from tangram.allocation.search import EXPLAINED_CANDIDATES, TANGRAM_NODES_COMPARED, Search
 from tangram.allocation.shape import NodeShape, shape_signature
 from tangram.allocation.sharing import place_share, share_requests
 from tangram.allocation.solver import solve
-from tangram.allocation.spec import DeviceClass, parse_claim_spec
+from tangram.allocation.spec import DeviceClass
 from tangram.allocation.templates import DeviceTemplates
 from tangram.dra.model import NodeDevices
 from tangram.events.catalogue import DeviceShare
@@ -83,6 +84,7 @@ class FleetState:
         self._index = DemandIndex(self._shapes, self._eligibility.on)
         self._nodes = NodeIndex(self._index)
         self._holdings = Holdings()
+        self._resolutions: Resolutions = Resolutions(driver) if _shared is None else _shared._resolutions
         self._noted: set[str] = set()  # claims counted in the demand mix
         self._last_note: tuple[str, Callable[[], None]] | None = None  # what uncount() undoes
         # node -> UUIDs of the MIG instances destroyed last (UUIDs are never reused; the oldest are
@@ -216,13 +218,13 @@ class FleetState:
                 cause="claim",
             )
         try:
-            spec = parse_claim_spec(claim.spec)
-            resolved = resolve(spec, classes, self.driver)
+            resolution = self._resolutions.resolve(claim.spec, classes)
         except ValueError as error:
             return Failed(claim_uid=claim.uid, reason=f"invalid claim: {error}", cause="claim")
         except ClaimError as error:
             return Failed(claim_uid=claim.uid, reason=str(error), cause="claim")
         try:
+            resolved = resolution.claim
             shares = share_requests(resolved, self._nodes.by_name.values(), self._eligibility)
             if shares:
                 # Shares are not in the demand mix: they take no exclusive capacity's kind.
@@ -242,7 +244,8 @@ class FleetState:
             return Failed(claim_uid=claim.uid, reason=internal_failure(error), cause="internal")
         # The claim's own kind counts while it is placed; taken back out, exactly, when the
         # decision shows the claim says nothing about demand.
-        kind, undo = self._note(claim.uid, resolved)
+        kind = resolution.kind
+        undo = self._note(claim.uid, kind)
         decision: Decision
         try:
             decision = self._search().place(claim, resolved, policy, explain, kind)
@@ -278,20 +281,19 @@ class FleetState:
         if claim.uid in self._noted:
             return
         try:
-            resolved = resolve(parse_claim_spec(claim.spec), classes, self.driver)
-            if share_requests(resolved, self._nodes.by_name.values(), self._eligibility):
+            resolution = self._resolutions.resolve(claim.spec, classes)
+            if share_requests(resolution.claim, self._nodes.by_name.values(), self._eligibility):
                 return
         except (ValueError, ClaimError):
             return
-        self._note(claim.uid, resolved)
+        self._note(claim.uid, resolution.kind)
 
-    def _note(self, uid: str, resolved: ResolvedClaim) -> tuple[ClaimKind | None, Callable[[], None] | None]:
-        """The claim's kind, counted in the demand mix unless it was before; with what undoes it."""
-        kind = claim_kind(resolved)
+    def _note(self, uid: str, kind: ClaimKind | None) -> Callable[[], None] | None:
+        """Count the claim's kind in the demand mix unless it was before; what undoes it."""
         if uid in self._noted:
-            return kind, None
+            return None
         self._noted.add(uid)
-        return kind, None if kind is None else self._index.note(kind)
+        return None if kind is None else self._index.note(kind)
 
     def _search(self) -> Search:
         """The search for this decision, over the fleet's state as it is now. The solver is looked up

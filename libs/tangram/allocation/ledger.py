@@ -8,6 +8,7 @@ de-duplicated by JetStream instead of stored twice.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -281,12 +282,11 @@ class Ledger(Reserving, Grouping):
             return self.classes
         classes = dict(self.classes)
         for name, manifest in request.classes.items():
-            try:
-                device_class = DeviceClass.from_manifest(manifest)
-            except ValueError:
+            device_class = _carried_class(_encode_manifest(manifest))
+            if device_class is None:
                 classes.pop(name, None)
-                continue
-            classes[name] = device_class
+            else:
+                classes[name] = device_class
         return classes
 
     def _to_decide(self, request: ClaimRequested) -> bool:
@@ -653,4 +653,17 @@ def _token_or_none(node: str) -> str | None:
     try:
         return subject_token(node)
     except InvalidKey:
+        return None
+
+
+_encode_manifest = msgspec.json.Encoder().encode
+
+
+@functools.lru_cache(maxsize=1024)
+def _carried_class(manifest: bytes) -> DeviceClass | None:
+    """A DeviceClass a request carries, parsed once per distinct manifest: every request from the
+    cluster carries its classes, and the same objects let the fleet reuse the claims' resolutions."""
+    try:
+        return DeviceClass.from_manifest(msgspec.json.decode(manifest))
+    except ValueError:
         return None

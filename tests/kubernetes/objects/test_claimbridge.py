@@ -138,6 +138,26 @@ def test_the_ledger_decides_with_the_classes_the_request_carries() -> None:
     assert [d.gpu_index for d in allocated.devices] == [5]
 
 
+def test_a_class_changed_in_the_cluster_decides_the_next_claim_with_the_same_spec() -> None:
+    # Resolutions are kept per spec and per class: the same spec under a changed "narrow" class
+    # must not be decided with the class as it was.
+    book = Ledger(fleet=FleetState(), classes={})
+    book.apply(inventory("hgx-h200", "n1"), live=False)
+    decided: list[list[int]] = []
+    for number, index in enumerate((5, 6, 5), start=1):
+        narrow = device_class(
+            "narrow",
+            f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "gpu"',
+            f'device.attributes["{DRIVER}"].index == {index}',
+        )
+        obj = claim(exactly("a", "narrow"))
+        obj["metadata"] = {**obj["metadata"], "uid": UID[:-1] + str(number), "name": f"c{number}"}
+        *_, outcome = book.apply(claim_requested(obj, {"narrow": narrow}, producer="allocator"))
+        decided.append([d.gpu_index for d in outcome.devices] if isinstance(outcome, ClaimAllocated) else [])
+    # the third asks for the whole GPU 5 again, which the first holds
+    assert decided == [[5], [6], []]
+
+
 def _allocated(admin: bool = False) -> ClaimAllocated:
     book = Ledger(
         fleet=FleetState(),
