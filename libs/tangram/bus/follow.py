@@ -134,9 +134,8 @@ class Follower:
                 if time.monotonic() - self._heard > SILENCE_S:
                     await self._restart(inbox, "no heartbeat", stop)
                     continue
-                try:
-                    msg = await asyncio.wait_for(self._queue.get(), 0.5)
-                except TimeoutError:
+                msg = await self._next(0.5)
+                if msg is None:
                     continue
                 delivery = Delivery.of(msg)
                 if delivery.consumer != self._consumer or delivery.stream_seq <= self._last_stream_seq:
@@ -155,6 +154,19 @@ class Follower:
             if self._consumer is not None:
                 with contextlib.suppress(Exception):
                     await self._bus.jetstream.delete_consumer(self._stream, self._consumer)
+
+    async def _next(self, wait_s: float) -> Msg | None:
+        """The next delivery, or None after `wait_s` without one. A follower wakes for every event
+        of the fleet: `asyncio.wait_for` would wrap each wait in a task of its own."""
+        try:
+            return self._queue.get_nowait()
+        except asyncio.QueueEmpty:
+            pass
+        try:
+            async with asyncio.timeout(wait_s):
+                return await self._queue.get()
+        except TimeoutError:
+            return None
 
     async def _restart(self, inbox: str, why: str, stop: asyncio.Event) -> None:
         log.info(
