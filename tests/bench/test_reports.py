@@ -95,5 +95,8 @@ def test_rebuild_replays_every_event_into_the_live_state(
     assert events["ClaimAllocated"] + events["ClaimFailed"] == 150
     assert report["replayed_events"] == events["total"]
     assert report["state_matches_live"] is True
-    for figure in ("fold", "replay_and_fold", "bus_floor"):
+    # a node follows the decisions: every allocation, failure and release, the requests left out
+    decided = events["ClaimAllocated"] + events["ClaimFailed"] + events["ClaimReleased"]
+    assert report["node_follows_decisions"]["events"] == decided
+    for figure in ("fold", "replay_and_fold", "bus_floor", "node_follows_decisions"):
         assert report[figure]["events_per_s"] > 0

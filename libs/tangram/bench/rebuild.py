@@ -4,7 +4,9 @@ The log is made the way production makes it: node inventories, then claim reques
 live Ledger, its decisions and some releases, all published to an embedded nats-server. A fresh
 Ledger then folds the inventory stream and the claims stream in that order (as the allocator
 service's `rebuild` does). Three figures: the fold alone (events already decoded in memory),
-replay + fold, and the bus floor (replay without folding).
+replay + fold, and the bus floor (replay without folding). A fourth is a node's side of a restart:
+its services follow the fleet's claim decisions from the start of the log (they follow, never
+replay, so that they go on reading live events), against the same bus floor.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from tangram.allocation import FleetState
 from tangram.allocation.ledger import Ledger
 from tangram.bench.traces import FLEET_MIX, Arrival, build_fleet, churn_trace, claim_spec, mean_demand
 from tangram.bus import Bus, BusConfig, allocator_log_sources
+from tangram.bus.declarations import node_claim_sources
 from tangram.bus.replay import collector_paused
 from tangram.events import (
     CLAIMS_STREAM,
@@ -39,6 +42,7 @@ from tangram.local.natsserver import NatsServer
 
 TARGET_EVENTS_PER_S = 50_000.0
 CHUNK = 1000
+FOLLOW_TIMEOUT_S = 600.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,6 +99,29 @@ async def _replay(bus: Bus, each: Callable[[Event], object]) -> int:
     return await bus.replay_into(allocator_log_sources(), each)
 
 
+async def _follow_decisions(bus: Bus, decisions: int) -> int:
+    """A node's services catching up on the claims stream: they follow what `node_claim_sources`
+    names there, until every decision in the log has been handed to them."""
+    (stream, subjects), *_ = node_claim_sources("bench")
+    seen = 0
+    stop = asyncio.Event()
+
+    def each(_: Event) -> None:
+        nonlocal seen
+        seen += 1
+        if seen >= decisions:
+            stop.set()
+
+    follow = bus.follow(stream, subjects, each, stop=stop)
+    try:
+        await asyncio.wait_for(follow, FOLLOW_TIMEOUT_S)
+    except TimeoutError:
+        raise ValueError(
+            f"following the decisions stalled: {seen} of {decisions} in {FOLLOW_TIMEOUT_S:g} s"
+        ) from None
+    return seen
+
+
 def _rate(events: int, seconds: float) -> float:
     return round(events / seconds, 1) if seconds > 0 else 0.0
 
@@ -129,7 +156,13 @@ async def _measure(bus: Bus, inventory: list[Event], log: list[Event], live: Led
     claims_fold_s = time.perf_counter() - started
     fold_s = inventory_fold_s + claims_fold_s
 
+    decisions = sum(isinstance(e, ClaimAllocated | ClaimFailed | ClaimReleased) for e in log)
+    started = time.perf_counter()
+    followed = await _follow_decisions(bus, decisions)
+    follow_s = time.perf_counter() - started
+
     total = len(inventory) + len(log)
+    follow_rate = _rate(followed, follow_s)
     fold_rate = _rate(total, fold_s)
     replay_rate = _rate(replay_events, replay_fold_s)
     floor_rate = _rate(floor_events, floor_s)
@@ -144,7 +177,13 @@ async def _measure(bus: Bus, inventory: list[Event], log: list[Event], live: Led
         },
         "replay_and_fold": {"events_per_s": replay_rate, "seconds": round(replay_fold_s, 3)},
         "bus_floor": {"events_per_s": floor_rate, "seconds": round(floor_s, 3)},
+        "node_follows_decisions": {
+            "events": followed,
+            "events_per_s": follow_rate,
+            "seconds": round(follow_s, 3),
+        },
         "ratios": {
+            "node_follows_decisions/bus_floor": round(follow_rate / floor_rate, 3) if floor_rate else None,
             "replay_and_fold/bus_floor": round(replay_rate / floor_rate, 3) if floor_rate else None,
             "fold/bus_floor": round(fold_rate / floor_rate, 3) if floor_rate else None,
         },
