@@ -134,7 +134,6 @@ class ClaimBridge:
         self._requester.protected = self._preemptions.protected
         self._requester.gang = self._gang_of
         self._provisioning = Provisioning(api, request_timeout_s=request_timeout_s)
-        self._nodes_seen: frozenset[str] = frozenset()
         self._domains = DomainWatch(self._core, ledger, self._users, request_timeout_s=request_timeout_s)
         self._pod_groups = PodGroups(
             api, self._pod_group_changed, request_timeout_s=request_timeout_s, watch_timeout_s=watch_timeout_s
@@ -308,12 +307,7 @@ class ClaimBridge:
         hold are asked again (a node cluster-autoscaler added may hold them)."""
         if self._ledger.domains:
             self._domains.check()
-        if not self._requester.counts()["unplaceable"]:
-            return
-        nodes = frozenset(self._ledger.fleet.node_names)
-        if nodes != self._nodes_seen:
-            self._nodes_seen = nodes
-            self._retry_pending()
+        self._requester.nodes_seen()
 
     def _retry_pending(self) -> None:
         self._requester.retry_pending()

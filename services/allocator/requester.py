@@ -76,6 +76,10 @@ class ClaimRequester:
         self._keys: dict[str, Key] = {}  # uid -> (namespace, name) of the claims asked about
         self._released: set[str] = set()
         self._reasked: set[str] = set()  # released, then asked again for a pod that waits for it
+        # The fleet's nodes when last looked at: taken whatever waits, so that a change is one
+        # (were it taken only while claims wait, the first inventory after a failure would look
+        # like a new fleet, and every claim waiting for capacity would be asked again for nothing).
+        self._nodes: frozenset[str] = frozenset(ledger.fleet.node_names)
 
     def enqueue(self, claim: dict[str, Any], attempt: int) -> None:
         """Put the claim in its namespace's line, to be asked with `attempt` when its turn comes."""
@@ -169,6 +173,16 @@ class ClaimRequester:
                 continue
             namespace, name = self._ledger.claims.get(uid, ("", ""))
             yield ClaimRef(namespace=namespace, name=name, uid=uid)
+
+    def nodes_seen(self) -> None:
+        """The fleet's nodes after an inventory: once they are others than before, the claims that
+        wait are asked again (a node cluster-autoscaler added may hold them)."""
+        nodes = frozenset(self._ledger.fleet.node_names)
+        if nodes == self._nodes:
+            return
+        self._nodes = nodes
+        if self._pending or self._unfit:
+            self.retry_pending()
 
     def retry_pending(self) -> None:
         """Ask again, in their namespaces' lines, the claims that capacity freed now may fit; and

@@ -14,7 +14,7 @@ from tangram.allocation.ledger import Ledger
 from tangram.events import ClaimRequested, Event
 from tangram.kubernetes.objects.deviceclasses import load_shipped_device_classes
 
-from .helpers import gpus, request
+from .helpers import gpus, inventory, request
 
 NAMESPACE_OF: dict[str, str] = {}
 
@@ -150,3 +150,27 @@ async def test_the_requester_counts_claims_in_line_asked_and_waiting_for_capacit
         assert requester.counts() == {"waiting": 0, "asked": 0, "unplaceable": 1}
         requester.failed("u1", "hardware")  # no node could ever hold it
         assert requester.counts()["unplaceable"] == 2
+
+
+def test_claims_waiting_for_capacity_are_asked_again_when_the_fleets_nodes_change_only() -> None:
+    """An inventory from the nodes already known asks nothing again, even the first one after a
+    claim failed; a node that joins asks again every claim that waits."""
+    view = ClusterView()
+    view.classes = {m["metadata"]["name"]: m for m in load_shipped_device_classes()}
+    ledger = Ledger(FleetState(), {})
+    ledger.apply(inventory("l40s-8", "n1"), live=False)
+    requester = ClaimRequester(view, ledger, Recorder().publish, producer="test", max_in_flight=1)
+    claim = {"metadata": {"namespace": "team", "name": "c0", "uid": "u0"}, "spec": gpus(1), "status": {}}
+    view.claims[("team", "c0")] = claim
+    requester.ask(claim)
+    requester.asker.discard("u0")  # asked and answered: it failed for want of capacity
+    requester.failed("u0", "capacity")
+    assert requester.counts() == {"waiting": 0, "asked": 0, "unplaceable": 1}
+    ledger.apply(inventory("l40s-8", "n1"), live=False)
+    requester.nodes_seen()
+    assert requester.counts()["waiting"] == 0
+    ledger.apply(inventory("l40s-8", "n2"), live=False)
+    requester.nodes_seen()
+    assert requester.counts()["waiting"] == 1
+    asked = requester.request_for("u0")
+    assert asked is not None and asked.attempt == 1
