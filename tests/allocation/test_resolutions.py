@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tangram.allocation.requests import ClaimError
-from tangram.allocation.resolutions import Resolutions
+from tangram.allocation.resolutions import KEPT_SPEC_BYTES, Resolutions
 from tangram.allocation.spec import parse_claim_spec
 from tests.allocation.machines import CLASSES, DRIVER, device_class, index_is, request
 
@@ -63,4 +63,15 @@ def test_a_parsed_spec_or_one_that_is_not_json_is_resolved_without_keeping() -> 
     assert kept.resolve(parsed, CLASSES).claim.requests[0].name == "gpus"
     with pytest.raises(ValueError, match="spec"):
         kept.resolve({"devices": {1.5j: "x"}}, CLASSES)
+    assert len(kept) == 0
+
+
+def test_a_spec_too_long_to_keep_is_resolved_each_time() -> None:
+    # What the entries hold stays bounded whatever a publisher of claims sends.
+    kept = Resolutions(DRIVER)
+    padding = "x" * (KEPT_SPEC_BYTES // 2)  # a CEL expression is at most 10,000 characters
+    long = spec(request(selectors=(f'device.driver != "{padding}a"', f'device.driver != "{padding}b"')))
+    first = kept.resolve(long, CLASSES)
+    assert kept.resolve(long, CLASSES) is not first
+    assert len(first.claim.requests[0].alternatives[0].selectors) == 3  # the class's and the request's
     assert len(kept) == 0

@@ -24,6 +24,9 @@ from tangram.allocation.spec import DeviceClass, parse_claim_spec
 # Distinct (spec, classes) pairs kept: a fleet has a few hundred templates; a tenant sending
 # thousands of distinct specs only cycles the oldest out.
 RESOLUTIONS_KEPT = 4096
+# A spec's JSON longer than this is resolved each time, never kept: a claim's spec is a few hundred
+# bytes, and what the entries may hold must stay bounded whatever a publisher of claims sends.
+KEPT_SPEC_BYTES = 16 * 1024
 
 _encode = msgspec.json.Encoder().encode
 # (the spec's JSON, (class name, id of the DeviceClass object) for each class)
@@ -74,6 +77,8 @@ class Resolutions:
             text = _encode(spec)
         except (TypeError, ValueError, OverflowError):
             return None  # not JSON at all: parsing it says why
+        if len(text) > KEPT_SPEC_BYTES:
+            return None
         return text, tuple((name, id(device_class)) for name, device_class in classes.items())
 
 
@@ -91,4 +96,6 @@ def _answered(answer: Resolution | ValueError | ClaimError) -> Resolution:
     if isinstance(answer, Resolution):
         return answer
     # A fresh exception each time: raising the kept one would chain every caller's traceback on it.
-    raise type(answer)(*answer.args)
+    if isinstance(answer, ClaimError):
+        raise ClaimError(str(answer))
+    raise ValueError(str(answer))

@@ -6,6 +6,7 @@ from typing import Any
 
 from tangram.allocation import DeviceClass, FleetState
 from tangram.allocation.ledger import Ledger
+from tangram.allocation.resolutions import KEPT_SPEC_BYTES
 from tangram.cdi.devices import ClaimRef
 from tangram.events import ClaimAllocated, decode, encode
 from tangram.kubelet.claimstatus import read_allocation
@@ -156,6 +157,21 @@ def test_a_class_changed_in_the_cluster_decides_the_next_claim_with_the_same_spe
         decided.append([d.gpu_index for d in outcome.devices] if isinstance(outcome, ClaimAllocated) else [])
     # the third asks for the whole GPU 5 again, which the first holds
     assert decided == [[5], [6], []]
+
+
+def test_a_carried_class_too_long_to_keep_still_decides() -> None:
+    narrow = device_class(
+        "narrow",
+        f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "gpu"',
+        f'device.attributes["{DRIVER}"].index == 3',
+    )
+    narrow["metadata"]["annotations"] = {"note": "x" * KEPT_SPEC_BYTES}
+    book = Ledger(fleet=FleetState(), classes={})
+    book.apply(inventory("hgx-h200", "n1"), live=False)
+    requested = claim_requested(claim(exactly("a", "narrow")), {"narrow": narrow}, producer="allocator")
+    *_, allocated = book.apply(requested)
+    assert isinstance(allocated, ClaimAllocated)
+    assert [d.gpu_index for d in allocated.devices] == [3]
 
 
 def _allocated(admin: bool = False) -> ClaimAllocated:
