@@ -8,7 +8,6 @@ de-duplicated by JetStream instead of stored twice.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +26,7 @@ from tangram.allocation.model import (
     internal_failure,
 )
 from tangram.allocation.reserving import GangHold, Reservation, Reserving
-from tangram.allocation.resolutions import KEPT_SPEC_BYTES
+from tangram.allocation.resolutions import carried_class
 from tangram.allocation.spec import DeviceClass
 from tangram.dra.imex import ImexChannel
 from tangram.dra.sharing import allocation_shares
@@ -283,7 +282,7 @@ class Ledger(Reserving, Grouping):
             return self.classes
         classes = dict(self.classes)
         for name, manifest in request.classes.items():
-            device_class = _carried_class(manifest)
+            device_class = carried_class(manifest)
             if device_class is None:
                 classes.pop(name, None)
             else:
@@ -655,28 +654,3 @@ def _token_or_none(node: str) -> str | None:
         return subject_token(node)
     except InvalidKey:
         return None
-
-
-_encode_manifest = msgspec.json.Encoder().encode
-
-
-def _carried_class(manifest: dict[str, Any]) -> DeviceClass | None:
-    """A DeviceClass a request carries; None when it does not parse. Every request from the cluster
-    carries its classes: each distinct manifest is parsed once, so that the same objects let the
-    fleet reuse the claims' resolutions (a manifest too long to keep is parsed each time)."""
-    text = _encode_manifest(manifest)
-    if len(text) > KEPT_SPEC_BYTES:
-        return _parsed_class(manifest)
-    return _kept_class(text)
-
-
-def _parsed_class(manifest: dict[str, Any]) -> DeviceClass | None:
-    try:
-        return DeviceClass.from_manifest(manifest)
-    except ValueError:
-        return None
-
-
-@functools.lru_cache(maxsize=1024)
-def _kept_class(manifest: bytes) -> DeviceClass | None:
-    return _parsed_class(msgspec.json.decode(manifest))

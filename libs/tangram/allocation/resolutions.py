@@ -1,4 +1,5 @@
-"""Claims resolved against their DeviceClasses, remembered by what they say.
+"""Claims resolved against their DeviceClasses, and the classes requests carry, remembered by what
+they say.
 
 A fleet resolves the claims of one template over and over: at each decision, and again for each
 claim a rebuild folds into the demand mix, where validating and resolving the spec was half of the
@@ -10,6 +11,7 @@ and a class replaced in the mapping is a new key.
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -99,3 +101,25 @@ def _answered(answer: Resolution | ValueError | ClaimError) -> Resolution:
     if isinstance(answer, ClaimError):
         raise ClaimError(str(answer))
     raise ValueError(str(answer))
+
+
+def carried_class(manifest: dict[str, Any]) -> DeviceClass | None:
+    """A DeviceClass a request carries; None when it does not parse. Every request from the cluster
+    carries its classes: each distinct manifest is parsed once, so that the same objects let the
+    fleet reuse the claims' resolutions (a manifest too long to keep is parsed each time)."""
+    text = _encode(manifest)
+    if len(text) > KEPT_SPEC_BYTES:
+        return _parsed_class(manifest)
+    return _kept_class(text)
+
+
+def _parsed_class(manifest: dict[str, Any]) -> DeviceClass | None:
+    try:
+        return DeviceClass.from_manifest(manifest)
+    except ValueError:
+        return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _kept_class(manifest: bytes) -> DeviceClass | None:
+    return _parsed_class(msgspec.json.decode(manifest))
