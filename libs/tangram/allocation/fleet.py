@@ -44,7 +44,7 @@ from tangram.allocation.solver import solve
 from tangram.allocation.spec import DeviceClass
 from tangram.allocation.templates import DeviceTemplates
 from tangram.dra.model import NodeDevices
-from tangram.events.catalogue import DeviceShare
+from tangram.events.catalogue import AllocatedDevice, DeviceShare
 from tangram.events.inventory import NodeHardware
 from tangram.kubernetes.objects.names import InvalidName, validate_claim_uid
 
@@ -409,6 +409,10 @@ class FleetState:
     def allocation(self, claim_uid: str) -> Allocated | None:
         held = self._holdings.get(claim_uid)
         return held.decision if held else None
+
+    def name_devices(self, claim_uid: str, devices: list[AllocatedDevice]) -> None:
+        """Name the held claim's devices as its allocation does (with their partition commands)."""
+        self._holdings.name_devices(claim_uid, devices)
 
     # --- adoption -------------------------------------------------------------------------------
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import msgspec
 
 from tangram.allocation.model import Allocated
+from tangram.events.catalogue import AllocatedDevice
 
 MadeInstance = tuple[str, int, int, int]  # (node, GPU index, profile id, start)
 
@@ -34,6 +37,15 @@ class Holdings:
         """Record the claim's decision and the devices it takes on its node."""
         self.held[decision.claim_uid] = Held(decision=decision, node=decision.node, devices=devices)
         self._on.setdefault(decision.node, set()).add(decision.claim_uid)
+
+    def name_devices(self, claim_uid: str, devices: list[AllocatedDevice]) -> None:
+        """The held decision's devices as the allocation names them, with the partition commands
+        that make them: as a decision read back from the log holds them."""
+        held = self.held.get(claim_uid)
+        if held is not None:
+            self.held[claim_uid] = replace(
+                held, decision=msgspec.structs.replace(held.decision, devices=devices)
+            )
 
     def drop(self, claim_uid: str) -> Held | None:
         """Forget the claim's hold; returns it, or None when the claim held nothing."""

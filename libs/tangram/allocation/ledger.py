@@ -2,8 +2,10 @@
 
 Live events produce output events; replayed history only rebuilds state. A decision is made once
 per claim: a redelivered request, or a request already decided in the log, produces nothing new.
-Output event ids are derived from the claim uid, so a decision republished after a crash is
-de-duplicated by JetStream instead of stored twice.
+Output event ids are derived from the claim uid and the attempt decided, so a decision republished
+after a crash is de-duplicated by JetStream instead of stored twice, while a claim decided again (asked
+with a later attempt after a failure or a release) gets ids of its own: JetStream would drop the new
+allocation and its partition commands as duplicates of the first, and no node would see them.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from tangram.events import (
     PartitionRequested,
     subject_token,
 )
+from tangram.events.attempts import SlotAttempts
 from tangram.events.ids import command_event_id, derived_id, partition_command_id
 
 
@@ -94,6 +97,8 @@ class Ledger(Reserving, Grouping):
     domains: dict[str, ImexChannel] = field(default_factory=dict)
     gang_holds: dict[tuple[str, str], GangHold] = field(default_factory=dict)  # waiting groups' cliques
     _domain_members: dict[str, set[str]] = field(default_factory=dict)  # domain -> claim uids
+    # which command of a claim for a MIG slot is current, as its node counts it (events.attempts)
+    slot_attempts: SlotAttempts = field(default_factory=SlotAttempts)
 
     def folded(self, stream: str, sequence: int) -> None:
         """The event about to be folded is at `sequence` of `stream` (decisions record it, for replay).
@@ -205,20 +210,26 @@ class Ledger(Reserving, Grouping):
                     return list(self.unanswered_destroys.get(uid, {}).values()) if live else []
                 self.released.add(uid)
                 if not live:
-                    self._expect_destroys(uid, self.fleet.release_replayed(uid))
+                    held = self.fleet.allocation(uid)
+                    self._expect_destroys(uid, held, self.fleet.release_replayed(uid))
                     return []
                 return self._release(uid)
             case PartitionFailed(action="create" | "disable-mig", command_id=command_id):
+                self._count_closed(event)
                 # Only a result of a command this allocator sent to that node counts: a command
-                # sent before a crash and decided differently after it names no one.
-                if self._answers(event):
+                # sent before a crash and decided differently after it names no one. Read back
+                # from the log it changes nothing: the claims stream holds the failure the
+                # allocator published for it, and one it died before publishing is delivered
+                # again live, unacknowledged, to be acted on and published then.
+                if live and self._answers(event):
                     uid = self.commands[command_id]
-                    if self.decided.get(uid) == "allocated" and uid not in self.released:
+                    if self._waits_on(uid, command_id):
                         return self._fail_after_partition(uid, event)
             case PartitionFailed(action="destroy", node=node, gpu_uuid=gpu_uuid, placement=placement):
                 if self._destroy_answered(event.command_id, (node, gpu_uuid, placement.start)):
                     self.fleet.destroy_refused(node, gpu_uuid, placement.start)
             case PartitionApplied(action="destroy", node=node, gpu_uuid=gpu_uuid, placement=placement):
+                self._count_closed(event)
                 freed = self._destroy_answered(event.command_id, (node, gpu_uuid, placement.start))
                 self.fleet.destroy_done(node, gpu_uuid, placement.start, event.mig_uuid, slot_freed=freed)
             case PartitionApplied(action="create", command_id=command_id, mig_uuid=mig_uuid):
@@ -347,8 +358,17 @@ class Ledger(Reserving, Grouping):
         made in a trial fleet is held in the fleet now, exactly as a replay of it holds it."""
         self.decided[request.uid] = "allocated"
         self.reservations.pop(request.uid, None)
+        # Numbered as the node numbers its own commands for the claim (in Kubernetes it sends them
+        # when kubelet prepares): the two are one command, stored once and run once.
         commands = [
-            self._command(request.uid, decision.node, plan, plan.action) for plan in decision.partitions
+            self._command(
+                request.uid,
+                decision.node,
+                plan,
+                plan.action,
+                self.slot_attempts.current(request.uid, plan.gpu_uuid, plan.placement.start),
+            )
+            for plan in decision.partitions
         ]
         by_slot: dict[tuple[int, MigPlacement | None], str] = {}
         for command in commands:
@@ -368,10 +388,14 @@ class Ledger(Reserving, Grouping):
                 Allocated(claim_uid=request.uid, node=decision.node, devices=devices, config=decision.config)
             )
             self.fleet.note_demand(claim_of(request), classes)
+        elif by_slot:
+            self.fleet.name_devices(request.uid, devices)
         self._join_domain(request.uid, decision.config)
         allocated = ClaimAllocated(
             key=request.key,
-            event_id=derived_id(request.uid, "allocated"),
+            event_id=derived_id(request.uid, "allocated")
+            if request.attempt == 0
+            else derived_id(request.uid, "allocated", request.attempt),
             producer=self.producer,
             namespace=request.namespace,
             name=request.name,
@@ -409,9 +433,16 @@ class Ledger(Reserving, Grouping):
             )
         ]
 
-    def _command(self, uid: str, node: str, plan: PartitionPlan, action: str) -> PartitionRequested:
+    def _command(
+        self, uid: str, node: str, plan: PartitionPlan, action: str, attempt: int
+    ) -> PartitionRequested:
         command_id = partition_command_id(
-            uid, action, gpu_index=plan.gpu_index, profile_id=plan.profile_id, start=plan.placement.start
+            uid,
+            action,
+            gpu_index=plan.gpu_index,
+            profile_id=plan.profile_id,
+            start=plan.placement.start,
+            attempt=attempt,
         )
         return PartitionRequested(
             key=subject_token(node),
@@ -547,16 +578,36 @@ class Ledger(Reserving, Grouping):
         )
 
     def _release(self, uid: str) -> list[Event]:
-        return list(self._expect_destroys(uid, self.fleet.release(uid)))
+        held = self.fleet.allocation(uid)
+        return list(self._expect_destroys(uid, held, self.fleet.release(uid)))
 
-    def _expect_destroys(self, uid: str, release: Release) -> list[PartitionRequested]:
+    def _expect_destroys(
+        self, uid: str, held: Allocated | None, release: Release
+    ) -> list[PartitionRequested]:
         """The release's destroy commands, remembered until a result answers each."""
         if release.node is None or not release.destroy:
             return []
-        commands = [
-            self._command(uid, release.node, self._instance_of(uid, plan), "destroy")
-            for plan in release.destroy
-        ]
+        creates = {
+            (d.gpu_index, d.placement.start): d.partition_command
+            for d in (held.devices if held is not None else ())
+            if d.placement is not None and d.partition_command
+        }
+        commands = []
+        for plan in release.destroy:
+            create = creates.get((plan.gpu_index, plan.placement.start), "")
+            # The attempt the instance's create was made with (the node numbers the destroy so too):
+            # a rebuild reads a release before the results that moved the count on since.
+            attempt = self.slot_attempts.of_create(
+                uid,
+                create,
+                gpu_index=plan.gpu_index,
+                gpu_uuid=plan.gpu_uuid,
+                profile_id=plan.profile_id,
+                start=plan.placement.start,
+            )
+            commands.append(
+                self._command(uid, release.node, self._instance_of(plan, create), "destroy", attempt)
+            )
         pending = self.unanswered_destroys.setdefault(uid, {})
         for command in commands:
             pending[command.command_id] = command
@@ -583,35 +634,51 @@ class Ledger(Reserving, Grouping):
         del self._destroys_at[slot]
         return True
 
-    def _instance_of(self, uid: str, plan: PartitionPlan) -> PartitionPlan:
+    def _instance_of(self, plan: PartitionPlan, create: str) -> PartitionPlan:
         """Name the instance the claim's own create produced, never one seen at that placement before.
 
         A placement is reused as claims come and go, so an inventory read may still show the
         previous instance there. Without a create result yet, the UUID is left empty and the
         partitioner destroys the instance it created for this claim at that placement.
         """
-        create = partition_command_id(
-            uid, "create", gpu_index=plan.gpu_index, profile_id=plan.profile_id, start=plan.placement.start
-        )
         if create in self.commands:
             return msgspec.structs.replace(plan, mig_uuid=self.created.get(create, ""))
         return plan
+
+    def _count_closed(self, result: PartitionApplied | PartitionFailed) -> None:
+        """Count an attempt the node closed, as the node counts it: only of its own GPUs."""
+        node = self.fleet.node(result.node)
+        if node is not None and result.gpu_uuid in node.gpu_uuid.values():
+            self.slot_attempts.observe(result)
+
+    def _waits_on(self, uid: str, command_id: str) -> bool:
+        """The claim's allocation standing now waits on this command. A rebuild folds the claims
+        stream before the nodes' results, so the failure of a create made for an earlier allocation
+        of the claim comes after the allocation decided once that failure was known."""
+        if self.decided.get(uid) != "allocated" or uid in self.released:
+            return False
+        held = self.fleet.allocation(uid)
+        return held is not None and any(d.partition_command == command_id for d in held.devices)
 
     def _fail_after_partition(self, uid: str, failure: PartitionFailed) -> list[Event]:
         destroy = self._release(uid)
         self._leave_domain(uid)
         self.decided[uid] = "failed"
         namespace, name = self.claims.get(uid, ("", ""))
+        attempt = self.attempts.get(uid, 0)
         return [
             *destroy,
             ClaimFailed(
                 key=uid,
-                event_id=derived_id(uid, "failed-after-partition"),
+                event_id=derived_id(uid, "failed-after-partition")
+                if attempt == 0
+                else derived_id(uid, "failed-after-partition", attempt),
                 producer=self.producer,
                 namespace=namespace,
                 name=name,
                 uid=uid,
                 reason=_partition_failure_reason(failure),
+                attempt=attempt,
             ),
         ]
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
 from collections.abc import Callable
 from typing import NamedTuple, Protocol, TypeVar
 
@@ -26,6 +25,7 @@ from tangram.events import (
     PartitionApplied,
     PartitionFailed,
 )
+from tangram.events.attempts import SlotAttempts
 
 log = logging.getLogger("tangram.kubelet.allocations")
 T = TypeVar("T")
@@ -70,9 +70,9 @@ class InMemoryAllocationSource:
         self._claim_failures: dict[str, str] = {}
         self._created: dict[str, PartitionApplied] = {}  # create results by command id
         self._partition_failures: dict[str, PartitionFailed] = {}  # by command id
-        # (claim, GPU, first slice) -> commands that failed, or creates destroyed since: each closes
-        # one attempt, so that a later prepare of the same claim sends a new command, not the old id.
-        self._closed: Counter[tuple[str, str, int]] = Counter()
+        # each failed command or destroyed create of a claim's slot closes one attempt, so that a
+        # later prepare of the same claim sends a new command, not the old id
+        self._attempts = SlotAttempts()
         self._changed = asyncio.Event()
 
     def observe(self, event: Event) -> None:
@@ -113,12 +113,11 @@ class InMemoryAllocationSource:
                     self._created.pop(command_id, None)
             case PartitionApplied(node=node, action="create" | "disable-mig") if node == self.node:
                 self._created[event.command_id] = event
-            case PartitionApplied(node=node, action="destroy", claim_uid=uid) if node == self.node and uid:
-                self._closed[(uid, event.gpu_uuid, event.placement.start)] += 1
+            case PartitionApplied(node=node, action="destroy") if node == self.node:
+                self._attempts.observe(event)
             case PartitionFailed(node=node) if node == self.node and event.action != "destroy":
                 self._partition_failures[event.command_id] = event
-                if event.claim_uid:
-                    self._closed[(event.claim_uid, event.gpu_uuid, event.placement.start)] += 1
+                self._attempts.observe(event)
             case _:
                 return
         self._changed.set()
@@ -133,7 +132,7 @@ class InMemoryAllocationSource:
     def attempt(self, claim_uid: str, gpu_uuid: str, start: int) -> int:
         """Which command of this claim for this slot is current: one more after each failed create
         or disable-mig and each destroy, so a retry or a prepare after an unprepare acts anew."""
-        return self._closed[(claim_uid, gpu_uuid, start)]
+        return self._attempts.current(claim_uid, gpu_uuid, start)
 
     def held_by_others(self, device: str, claim_uid: str) -> bool:
         """Another live allocation on this node, as the allocator decided it, holds the device (a
