@@ -11,6 +11,7 @@ import pytest
 
 from tangram.chaos.kube import KUBE_FAULT_KINDS, KubeChaosConfig, kube_chaos
 from tangram.local.controlplane import RELEASES, Release
+from tests.support.servicelogs import lines_naming
 
 pytestmark = [pytest.mark.controlplane]
 
@@ -26,7 +27,11 @@ async def test_a_short_chaos_run_on_kubernetes_injects_every_fault_and_violates_
     report, cluster = await kube_chaos(config)
     print(f"\nchaos --kubernetes: {report['pods']} pods in {report['wall_s']} s, phases {report['phases_s']}")
     try:
-        assert report["violations"] == {}, report["violation_examples"]
+        examples = report["violation_examples"]
+        if examples:
+            reports = [line for lines in examples.values() for line in lines]
+            print(lines_naming(cluster.workdir / "logs", reports))
+        assert report["violations"] == {}, examples
         assert report["completed"] is True
         assert all(report["faults"][kind] >= 1 for kind in KUBE_FAULT_KINDS), report["faults"]
         outcomes = report["outcomes"]
