@@ -5,27 +5,32 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
 
 from services.allocator.service import run
 from services.allocator.settings import AllocatorSettings
-from tangram.allocation import DeviceClass
+from tangram.allocation import DeviceClass, FleetState
+from tangram.allocation.ledger import Ledger
 from tangram.bus import Bus
 from tangram.events import (
     CLAIMS_STREAM,
     ClaimAllocated,
     ClaimFailed,
+    ClaimReleased,
     ClaimRequested,
     Event,
     GangMember,
     NodeHardware,
     NodeInventory,
     PartitionApplied,
+    PartitionFailed,
     PartitionRequested,
     subject_token,
 )
+from tangram.events.envelope import new_event_id
 from tangram.kubernetes.objects.deviceclasses import load_shipped_device_classes
 from tangram.nvml import SimNvml
 from tangram.nvml.inventory import read_node_hardware
@@ -78,6 +83,31 @@ def applied(command: PartitionRequested, mig_uuid: str) -> PartitionApplied:
         gpu_uuid=command.gpu_uuid, gpu_index=command.gpu_index, profile=command.profile,
         placement=command.placement, claim_uid=command.claim_uid, mig_uuid=mig_uuid,
     )  # fmt: skip
+
+
+def ledger_on(machine: str, node: str = "n1") -> Ledger:
+    """A ledger with the shipped classes that knows one node of `machine`."""
+    book = Ledger(fleet=FleetState(), classes=CLASSES)
+    book.apply(inventory(machine, node), live=False)
+    return book
+
+
+def refused(command: PartitionRequested, reason: str = "slices in use") -> PartitionFailed:
+    """The node's answer that it could not carry out `command`."""
+    return PartitionFailed(
+        key=command.key, command_id=command.command_id, node=command.node, action=command.action,
+        gpu_uuid=command.gpu_uuid, profile=command.profile, placement=command.placement,
+        claim_uid=command.claim_uid, nvml_error="NVML_ERROR_INSUFFICIENT_RESOURCES", reason=reason,
+    )  # fmt: skip
+
+
+def released(claim: ClaimRequested | ClaimAllocated) -> ClaimReleased:
+    return ClaimReleased(key=claim.uid, namespace=claim.namespace, name=claim.name, uid=claim.uid)
+
+
+def again(event: ClaimRequested, attempt: int) -> ClaimRequested:
+    """The claim asked again with a later attempt, as a new message."""
+    return msgspec.structs.replace(event, attempt=attempt, event_id=new_event_id(), time=datetime.now(UTC))
 
 
 def request(n: int, spec: dict[str, Any], namespace: str = "team") -> ClaimRequested:

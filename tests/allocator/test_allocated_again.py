@@ -6,44 +6,38 @@ before the nodes' results, must not fail the second allocation with the first on
 
 from __future__ import annotations
 
-import msgspec
-
-from tangram.allocation import FleetState
 from tangram.allocation.ledger import Ledger
 from tangram.bus import Bus
 from tangram.events import (
     NODES_STREAM,
     ClaimAllocated,
     ClaimFailed,
-    ClaimReleased,
     Event,
-    PartitionFailed,
     PartitionRequested,
 )
-from tangram.events.envelope import new_event_id
 from tangram.events.ids import partition_command_id
 from tangram.kubelet.allocations import InMemoryAllocationSource
 from tangram.local.natsserver import NatsServer
 
-from .helpers import CLASSES, allocator, applied, decisions, inventory, log, log_until, mig, of, request
+from .helpers import (
+    again,
+    allocator,
+    applied,
+    decisions,
+    inventory,
+    ledger_on,
+    log,
+    log_until,
+    mig,
+    of,
+    refused,
+    released,
+    request,
+)
 
 
 def ledger() -> Ledger:
-    book = Ledger(fleet=FleetState(), classes=CLASSES)
-    book.apply(inventory("dgx-h100", "n1"), live=False)
-    return book
-
-
-def refused(command: PartitionRequested) -> PartitionFailed:
-    return PartitionFailed(
-        key=command.key, command_id=command.command_id, node=command.node, action=command.action,
-        gpu_uuid=command.gpu_uuid, profile=command.profile, placement=command.placement,
-        claim_uid=command.claim_uid, nvml_error="NVML_ERROR_INSUFFICIENT_RESOURCES", reason="slices in use",
-    )  # fmt: skip
-
-
-def released(allocated: ClaimAllocated) -> ClaimReleased:
-    return ClaimReleased(key=allocated.uid, namespace="team", name=allocated.name, uid=allocated.uid)
+    return ledger_on("dgx-h100")
 
 
 def test_a_claim_allocated_again_after_its_create_failed_has_ids_of_its_own() -> None:
@@ -52,7 +46,7 @@ def test_a_claim_allocated_again_after_its_create_failed_has_ids_of_its_own() ->
     out = book.apply(asked)
     [first_create], [first] = of(PartitionRequested, out), of(ClaimAllocated, out)
     [first_failure] = of(ClaimFailed, book.apply(refused(first_create)))
-    out = book.apply(msgspec.structs.replace(asked, attempt=1))
+    out = book.apply(again(asked, 1))
     [second_create], [second] = of(PartitionRequested, out), of(ClaimAllocated, out)
     # the slot the failed create left free is taken again: the same command for the same slot
     # would be the same id, had the attempt not been part of it
@@ -68,8 +62,8 @@ def test_a_claim_allocated_again_after_its_create_failed_has_ids_of_its_own() ->
     assert second_failure.event_id != first_failure.event_id
     assert (first_failure.attempt, second_failure.attempt) == (0, 1)
     # a decision made again for the same attempt (after a crash) keeps its ids: JetStream drops it
-    again = ledger()
-    out = again.apply(asked)
+    after_a_crash = ledger()
+    out = after_a_crash.apply(asked)
     assert [e.event_id for e in out] == [first_create.event_id, first.event_id]
 
 
@@ -81,7 +75,7 @@ def test_a_claim_released_and_allocated_again_destroys_its_second_instance_by_a_
     book.apply(applied(create, "MIG-first"))
     [destroy] = of(PartitionRequested, book.apply(released(allocated)))
     book.apply(applied(destroy, "MIG-first"))
-    out = book.apply(msgspec.structs.replace(asked, attempt=1))
+    out = book.apply(again(asked, 1))
     [create_again], [allocated_again] = of(PartitionRequested, out), of(ClaimAllocated, out)
     assert (create_again.gpu_uuid, create_again.placement) == (create.gpu_uuid, create.placement)
     book.apply(applied(create_again, "MIG-second"))
@@ -107,7 +101,7 @@ def test_the_allocator_numbers_a_claims_commands_as_its_node_does() -> None:
         book.apply(event)
 
     for attempt in (1, 2, 3):
-        out = book.apply(msgspec.structs.replace(asked, attempt=attempt, event_id=new_event_id()))
+        out = book.apply(again(asked, attempt))
         [create], [allocated] = of(PartitionRequested, out), of(ClaimAllocated, out)
         node_says = node.attempt(asked.uid, create.gpu_uuid, create.placement.start)
         assert create.command_id == partition_command_id(
@@ -137,8 +131,8 @@ def test_a_rebuild_keeps_a_claim_allocated_again_after_its_create_failed() -> No
     claims_stream += of(ClaimAllocated, out)
     failure = refused(create)
     claims_stream += of(ClaimFailed, live.apply(failure))
-    again = msgspec.structs.replace(asked, attempt=1)
-    claims_stream += [again, *of(ClaimAllocated, live.apply(again))]
+    asked_again = again(asked, 1)
+    claims_stream += [asked_again, *of(ClaimAllocated, live.apply(asked_again))]
     assert live.decided[asked.uid] == "allocated"
     rebuilt = ledger()
     for event in [*claims_stream, failure]:  # the claims stream, then the node's results
@@ -178,7 +172,7 @@ def test_a_late_failure_of_an_earlier_create_fails_nothing_live() -> None:
     [create] = of(PartitionRequested, book.apply(asked))
     failure = refused(create)
     book.apply(failure)
-    book.apply(msgspec.structs.replace(asked, attempt=1))
+    book.apply(again(asked, 1))
     assert book.apply(failure) == []
     assert book.decided[asked.uid] == "allocated"
     assert book.fleet.allocation(asked.uid) is not None
@@ -195,7 +189,7 @@ async def test_through_jetstream_the_second_allocation_is_logged_and_survives_a_
         [create] = [c for c in await log(bus, NODES_STREAM) if isinstance(c, PartitionRequested)]
         await bus.publish(refused(create))  # as node-1 answers it
         await log_until(bus, lambda e: len(decisions(e)) == 2)
-        await bus.publish(msgspec.structs.replace(asked, attempt=1, event_id=new_event_id()))
+        await bus.publish(again(asked, 1))
         events = await log_until(bus, lambda e: len(of(ClaimAllocated, e)) == 2)
     assert isinstance(first, ClaimAllocated)
     [second] = [e for e in of(ClaimAllocated, events) if e.attempt == 1]
@@ -224,10 +218,10 @@ def test_a_rebuild_expects_the_destroys_a_claim_placed_again_on_its_slot_was_sen
     results: list[Event] = []
     sent: list[PartitionRequested] = []
     for attempt in (0, 1, 2):
-        again = msgspec.structs.replace(asked, attempt=attempt, event_id=new_event_id())
-        out = live.apply(again)
+        asked_again = again(asked, attempt)
+        out = live.apply(asked_again)
         [create], [allocated] = of(PartitionRequested, out), of(ClaimAllocated, out)
-        claims_stream += [again, allocated]
+        claims_stream += [asked_again, allocated]
         results.append(applied(create, f"MIG-{attempt}"))
         live.apply(results[-1])
         claims_stream.append(released(allocated))

@@ -28,7 +28,7 @@ from tangram.nvml import SimNvml, parse_mig_minors, render_mig_minors
 from tangram.nvml.inventory import read_node_hardware
 from tangram.partitioning import MigExecutor
 
-from .helpers import CLASSES, applied, gpus, hardware, inventory, mig, request
+from .helpers import CLASSES, applied, gpus, hardware, inventory, mig, refused, request
 
 
 def ledger() -> Ledger:
@@ -152,38 +152,12 @@ def test_failed_partition_fails_the_claim_and_frees_its_placement() -> None:
     book.apply(inventory("dgx-h100", "n1"), live=False)
     command, allocated = book.apply(request(1, mig("7g.80gb")))
     assert isinstance(command, PartitionRequested) and isinstance(allocated, ClaimAllocated)
-    failure = PartitionFailed(
-        key="n1",
-        command_id=command.command_id,
-        node="n1",
-        action="create",
-        gpu_uuid=command.gpu_uuid,
-        profile=command.profile,
-        placement=command.placement,
-        claim_uid=allocated.uid,
-        nvml_error="NVML_ERROR_INSUFFICIENT_RESOURCES",
-        reason="slices in use",
-    )
+    failure = refused(command)
     out = book.apply(failure)
     assert [type(e) for e in out] == [PartitionRequested, ClaimFailed]
     assert isinstance(out[1], ClaimFailed)
     assert "could not be created: slices in use" in out[1].reason
     assert book.fleet.allocation(allocated.uid) is None
-
-
-def _partition_failure(command: PartitionRequested, uid: str) -> PartitionFailed:
-    return PartitionFailed(
-        key=command.node,
-        command_id=command.command_id,
-        node=command.node,
-        action="create",
-        gpu_uuid=command.gpu_uuid,
-        profile=command.profile,
-        placement=command.placement,
-        claim_uid=uid,
-        nvml_error="NVML_ERROR_INSUFFICIENT_RESOURCES",
-        reason="slices in use",
-    )
 
 
 def _release(n: int) -> ClaimReleased:
@@ -216,7 +190,7 @@ def test_ledger_rebuilt_from_its_log_makes_the_same_next_decisions() -> None:
     [command, allocated] = live.apply(request(100, mig("4g.40gb")))
     assert isinstance(command, PartitionRequested) and isinstance(allocated, ClaimAllocated)
     claims.extend([request(100, mig("4g.40gb")), allocated])
-    results.append(_partition_failure(command, allocated.uid))
+    results.append(refused(command))
     claims.extend(e for e in live.apply(results[-1]) if isinstance(e, ClaimFailed))
 
     rebuilt = ledger()
@@ -400,7 +374,7 @@ def test_a_partition_failure_from_another_node_fails_nothing() -> None:
     command, allocated = book.apply(request(1, mig("7g.80gb")))
     assert isinstance(command, PartitionRequested) and isinstance(allocated, ClaimAllocated)
     other = "n2" if command.node == "n1" else "n1"
-    forged = msgspec.structs.replace(_partition_failure(command, allocated.uid), key=other, node=other)
+    forged = msgspec.structs.replace(refused(command), key=other, node=other)
     assert book.unanswered(forged) == (
         f"create result from node {other!r} for command {command.command_id!r}, "
         f"which was sent to node {command.node!r}"
@@ -416,7 +390,7 @@ def test_a_partition_failure_for_a_command_never_sent_fails_nothing() -> None:
     command, allocated = book.apply(request(1, mig("7g.80gb")))
     assert isinstance(command, PartitionRequested) and isinstance(allocated, ClaimAllocated)
     # The claim uid is right, the command id is made up: the uid alone proves nothing.
-    forged = msgspec.structs.replace(_partition_failure(command, allocated.uid), command_id="made-up")
+    forged = msgspec.structs.replace(refused(command), command_id="made-up")
     assert book.unanswered(forged) == "create result for command 'made-up', which was never sent"
     assert book.apply(forged) == []
     assert book.fleet.allocation(allocated.uid) is not None
@@ -431,10 +405,10 @@ def test_a_rebuilt_ledger_still_knows_which_node_each_command_went_to() -> None:
     rebuilt = ledger()
     fold(rebuilt, [inventory("dgx-h100", "n1"), inventory("dgx-h100", "n2"), allocated])
     other = "n2" if command.node == "n1" else "n1"
-    forged = msgspec.structs.replace(_partition_failure(command, allocated.uid), key=other, node=other)
+    forged = msgspec.structs.replace(refused(command), key=other, node=other)
     assert rebuilt.apply(forged, live=False) == []
     assert rebuilt.fleet.allocation(allocated.uid) is not None
-    genuine = _partition_failure(command, allocated.uid)
+    genuine = refused(command)
     assert rebuilt.unanswered(genuine) is None
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -14,31 +13,17 @@ from tangram.eventlog.replay import replay
 from tangram.events import (
     ClaimAllocated,
     ClaimFailed,
-    ClaimReleased,
     ClaimRequested,
     Event,
-    PartitionFailed,
     PartitionRequested,
     encode,
 )
 
-from .helpers import CLASSES, gpus, inventory, mig, request
+from .helpers import CLASSES, again, gpus, inventory, ledger_on, mig, refused, released, request
 
 
 def ledger() -> Ledger:
-    book = Ledger(fleet=FleetState(), classes=CLASSES)
-    book.apply(inventory("l40s-8", "n1"), live=False)
-    return book
-
-
-def released(event: ClaimRequested) -> ClaimReleased:
-    return ClaimReleased(key=event.uid, namespace=event.namespace, name=event.name, uid=event.uid)
-
-
-def again(event: ClaimRequested, attempt: int) -> ClaimRequested:
-    return msgspec.structs.replace(
-        event, attempt=attempt, event_id=f"{event.event_id}-{attempt}", time=datetime.now(UTC)
-    )
+    return ledger_on("l40s-8")
 
 
 def test_a_failed_claim_is_decided_again_only_when_asked_with_a_later_attempt() -> None:
@@ -164,17 +149,7 @@ def test_a_claim_failed_after_its_allocation_was_written_is_held_again_when_adop
     claim = request(1, mig("7g.80gb"))
     command, allocated = book.apply(claim)
     assert isinstance(command, PartitionRequested) and isinstance(allocated, ClaimAllocated)
-    failure = PartitionFailed(
-        key=command.node,
-        command_id=command.command_id,
-        node=command.node,
-        action="create",
-        gpu_uuid=command.gpu_uuid,
-        profile=command.profile,
-        placement=command.placement,
-        claim_uid=claim.uid,
-        reason="slices in use",
-    )
+    failure = refused(command)
     outputs = book.apply(failure)
     assert any(isinstance(o, ClaimFailed) for o in outputs)
     assert book.fleet.allocation(claim.uid) is None
