@@ -11,7 +11,7 @@ from tangram.allocation import FleetState
 from tangram.allocation.ledger import Ledger
 from tangram.events import ClaimAllocated, ClaimFailed, ClaimReleased, Event
 
-from .helpers import CLASSES, gpus, inventory, mig, request
+from .helpers import CLASSES, gpus, inventory, member, mig, request
 
 INVENTORIES = [
     inventory("hgx-h200", "n-hgx"),
@@ -149,4 +149,28 @@ def test_a_rebuild_counts_no_hostile_claim_in_the_demand_mix_as_the_live_fold_di
         (k.order, rebuilt.fleet._index.demand.weight(k.key)) for k in rebuilt.fleet._index.tracked
     ] == weights
     for event in events[middle:]:
+        assert untimed(rebuilt.apply(event)) == untimed(live.apply(event))
+
+
+def test_a_rebuild_counts_a_group_member_that_waited_for_its_group_as_the_live_fold_did() -> None:
+    """The first claim of a group of pods fails while it waits for the others, which says nothing
+    about demand; it is allocated, and counted in the mix, when the last member's request places
+    the whole group. The rebuild reads that allocation with no request of the claim after its
+    failure: it must still count the claim then, or it weighs the next placements differently."""
+    live = live_ledger()
+    log: list[Event] = []
+    for event in [request(1, mig("1g.18gb")), member(2, "group", 2), member(3, "group", 2)]:
+        log.append(event)
+        log.extend(e for e in live.apply(event) if isinstance(e, ClaimAllocated | ClaimFailed))
+    waited = [e for e in log if isinstance(e, ClaimFailed)]
+    assert [(e.uid, e.cause) for e in waited] == [(member(2, "group", 2).uid, "gang")]
+    rebuilt = live_ledger()
+    for event in log:
+        rebuilt.apply(event, live=False)
+    weights = [(k.order, live.fleet._index.demand.weight(k.key)) for k in live.fleet._index.tracked]
+    assert [
+        (k.order, rebuilt.fleet._index.demand.weight(k.key)) for k in rebuilt.fleet._index.tracked
+    ] == weights
+    # counted short, the rebuild put the two whole GPUs on another node than the live fold did
+    for event in [request(4, mig("1g.18gb")), request(5, gpus(2))]:
         assert untimed(rebuilt.apply(event)) == untimed(live.apply(event))

@@ -248,8 +248,13 @@ class Ledger(Reserving, Grouping):
         return []
 
     def _note_decided(self, uid: str, *, counted: bool) -> None:
+        # A decision that counts nothing leaves the request to the next: a claim of a group of pods
+        # fails while it waits for the others and is allocated, and counted, with the group later,
+        # by another member's request.
+        if not counted:
+            return
         request = self._undecided.pop(uid, None)
-        if request is not None and counted:
+        if request is not None:
             claim = Claim(namespace=request.namespace, name=request.name, uid=uid, spec=request.spec)
             self.fleet.note_demand(claim, self.classes_for(request))
 
