@@ -16,11 +16,12 @@ from tangram.events import (
     Event,
     GangMember,
     NodeInventory,
+    PartitionRequested,
     subject_token,
 )
 from tangram.events.inventory import renamed_machine
 
-from .helpers import CLASSES, gpus, hardware, inventory, member, of, request
+from .helpers import CLASSES, applied, gpus, hardware, inventory, member, mig, of, request
 
 
 def ledger() -> Ledger:
@@ -429,3 +430,53 @@ def test_a_waiting_group_is_kept_room_under_one_network_block() -> None:
     assert {f.cause for f in failed} == {"capacity"}
     kept = failed[0].held_for_group
     assert len(kept) == 3 and len({blocks[n] for n in kept}) == 1, kept
+
+
+def test_a_group_is_never_placed_on_a_mig_instance_already_destroyed_and_a_rebuild_places_it_alike() -> None:
+    # gpu-0 of the machine starts with a free 3g.71gb instance at slice 0. A claim takes it and is
+    # released; its destroy is applied, then another claim's instance at slice 0 is made and
+    # released (its destroy not answered yet). A group is placed in a trial copy of the fleet,
+    # which must not bring the destroyed instance back from the inventory read before the destroy:
+    # live it was handed out again with no create; a rebuild, whose destroy at that slice was
+    # still to come, made it anew.
+    live = Ledger(fleet=FleetState(), classes=CLASSES)
+    live.apply(inventory("hgx-h200", "n1"), live=False)
+    claims: list[Event] = []
+    nodes: list[Event] = []
+
+    def fold(event: Event) -> list[Event]:
+        outputs = live.apply(event)
+        claims.extend(o for o in outputs if isinstance(o, ClaimAllocated | ClaimFailed))
+        return [o for o in outputs if isinstance(o, PartitionRequested)]
+
+    first, second = request(1, mig("3g.71gb")), request(2, mig("2g.35gb"))
+    claims.append(first)
+    assert fold(first) == []  # the free instance is reused
+    claims.append(released(1))
+    (destroy,) = fold(released(1))
+    nodes.append(applied(destroy, destroy.mig_uuid))
+    live.apply(nodes[-1])
+    claims.append(second)
+    (create,) = fold(second)
+    assert (create.gpu_index, create.placement.start) == (0, 0)
+    claims.append(released(2))
+    fold(released(2))
+    rebuilt = Ledger(fleet=FleetState(), classes=CLASSES)
+    rebuilt.apply(inventory("hgx-h200", "n1"), live=False)
+    for event in [*claims, *nodes]:
+        rebuilt.apply(event, live=False)
+
+    group = [
+        msgspec.structs.replace(request(n, mig("3g.71gb")), gang=GangMember(group="g", size=2, pod=f"p{n}"))
+        for n in (3, 4)
+    ]
+    for ask in group:
+        outputs, replayed = live.apply(ask), rebuilt.apply(ask)
+        assert [msgspec.structs.replace(o, time=ask.time) for o in outputs] == [
+            msgspec.structs.replace(o, time=ask.time) for o in replayed
+        ]
+    allocated = of(ClaimAllocated, outputs)
+    assert len(allocated) == 2
+    made = {c.command_id for c in of(PartitionRequested, outputs) if c.action == "create"}
+    # every instance the group is given is one made for it
+    assert all(d.partition_command in made for a in allocated for d in a.devices)

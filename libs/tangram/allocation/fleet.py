@@ -154,6 +154,8 @@ class FleetState:
                 counter_sets=[],
             )
             copy = NodeState(node.hw, devices, node.shape, generation=node.generation)
+            # as the node is now: less the instances destroyed since its inventory was read
+            copy.existing = {g: list(live) for g, live in node.existing.items()}
             copy.set_destroying(node.destroying)
             trial._nodes.put(copy, None)
         trial._holdings.made = {made for made in self._holdings.made if made[0] in names}
