@@ -160,6 +160,46 @@ def test_failed_partition_fails_the_claim_and_frees_its_placement() -> None:
     assert book.fleet.allocation(allocated.uid) is None
 
 
+def test_a_claim_failed_after_a_partition_is_read_back_waiting_for_the_destroys_sent_live() -> None:
+    # Two MIG instances: the first is made, the second refused. Live, the failure destroys the
+    # first; a rebuild before the destroy's result waits for the same destroy, and both free its
+    # slot when the result comes.
+    two = {
+        "devices": {
+            "requests": [{**mig("2g.20gb")["devices"]["requests"][0], "name": name} for name in ("a", "b")]
+        }
+    }
+    book = ledger()
+    book.apply(inventory("dgx-h100", "n1"), live=False)
+    ask = request(1, two)
+    first, second, allocated = book.apply(ask)
+    assert isinstance(allocated, ClaimAllocated) and first.action == second.action == "create"
+    made = applied(first, "MIG-made-for-claim-1")
+    assert book.apply(made) == []
+    *destroys, failed = book.apply(refused(second))
+    assert isinstance(failed, ClaimFailed) and destroys
+    assert {(d.action, d.gpu_uuid) for d in destroys} >= {("destroy", first.gpu_uuid)}
+
+    rebuilt = ledger()
+    rebuilt.apply(inventory("dgx-h100", "n1"), live=False)
+    for event in [ask, allocated, failed, made, refused(second)]:
+        rebuilt.apply(event, live=False)
+    assert {u: sorted(c) for u, c in rebuilt.unanswered_destroys.items()} == {
+        u: sorted(c) for u, c in book.unanswered_destroys.items()
+    }
+    assert rebuilt.fleet.snapshot() == book.fleet.snapshot()
+
+    for each in (book, rebuilt):
+        for destroy in destroys:
+            each.apply(applied(destroy, destroy.mig_uuid))
+        assert each.unanswered_destroys == {}
+    assert rebuilt.fleet.node("n1").destroying == book.fleet.node("n1").destroying == set()
+    again = request(2, two)
+    assert [msgspec.structs.replace(e, time=ask.time) for e in book.apply(again)] == [
+        msgspec.structs.replace(e, time=ask.time) for e in rebuilt.apply(again)
+    ]
+
+
 def _release(n: int) -> ClaimReleased:
     uid = f"00000000-0000-4000-8000-{n:012d}"
     return ClaimReleased(key=uid, namespace="team", name=f"claim-{n}", uid=uid)

@@ -183,8 +183,10 @@ class Ledger(Reserving, Grouping):
                 self.decided[uid] = "failed"
                 self.attempts[uid] = max(self.attempts.get(uid, 0), event.attempt)
                 # A claim fails after its allocation when its MIG instance could not be created;
-                # live, its devices were freed then, and a rebuild must free them too.
-                self.fleet.release_replayed(uid)
+                # live, its devices were freed then and its other instances' destroys sent, and a
+                # rebuild frees them too and waits for the same destroys.
+                held = self.fleet.allocation(uid)
+                self._expect_destroys(uid, held, self.fleet.release_replayed(uid))
                 self._leave_domain(uid)
             case ClaimReleased(uid=uid) if uid in self.outside:
                 self._leave_gang(uid)
