@@ -51,7 +51,7 @@ from tangram.events import (
     subject_token,
 )
 from tangram.events.attempts import SlotAttempts
-from tangram.events.ids import command_event_id, derived_id, partition_command_id
+from tangram.events.ids import command_event_id, derived_id, numbered_id, partition_command_id
 
 
 @dataclass
@@ -185,8 +185,7 @@ class Ledger(Reserving, Grouping):
                 # A claim fails after its allocation when its MIG instance could not be created;
                 # live, its devices were freed then and its other instances' destroys sent, and a
                 # rebuild frees them too and waits for the same destroys.
-                held = self.fleet.allocation(uid)
-                self._expect_destroys(uid, held, self.fleet.release_replayed(uid))
+                self._release(uid, replayed=True)
                 self._leave_domain(uid)
             case ClaimReleased(uid=uid) if uid in self.outside:
                 self._leave_gang(uid)
@@ -212,8 +211,7 @@ class Ledger(Reserving, Grouping):
                     return list(self.unanswered_destroys.get(uid, {}).values()) if live else []
                 self.released.add(uid)
                 if not live:
-                    held = self.fleet.allocation(uid)
-                    self._expect_destroys(uid, held, self.fleet.release_replayed(uid))
+                    self._release(uid, replayed=True)
                     return []
                 return self._release(uid)
             case PartitionFailed(action="create" | "disable-mig", command_id=command_id):
@@ -337,9 +335,7 @@ class Ledger(Reserving, Grouping):
                 *preempting,
                 ClaimFailed(
                     key=request.key,
-                    event_id=derived_id(request.uid, "failed")
-                    if request.attempt == 0
-                    else derived_id(request.uid, "failed", request.attempt),
+                    event_id=numbered_id(request.uid, "failed", attempt=request.attempt),
                     producer=self.producer,
                     namespace=request.namespace,
                     name=request.name,
@@ -400,9 +396,7 @@ class Ledger(Reserving, Grouping):
         self._join_domain(request.uid, decision.config)
         allocated = ClaimAllocated(
             key=request.key,
-            event_id=derived_id(request.uid, "allocated")
-            if request.attempt == 0
-            else derived_id(request.uid, "allocated", request.attempt),
+            event_id=numbered_id(request.uid, "allocated", attempt=request.attempt),
             producer=self.producer,
             namespace=request.namespace,
             name=request.name,
@@ -584,9 +578,12 @@ class Ledger(Reserving, Grouping):
             for name in taken_twice
         )
 
-    def _release(self, uid: str) -> list[Event]:
+    def _release(self, uid: str, *, replayed: bool = False) -> list[Event]:
+        """Free the claim's devices; the destroys of its instances, remembered until answered (read
+        back from the log, the ones its release sent then)."""
         held = self.fleet.allocation(uid)
-        return list(self._expect_destroys(uid, held, self.fleet.release(uid)))
+        release = self.fleet.release_replayed(uid) if replayed else self.fleet.release(uid)
+        return list(self._expect_destroys(uid, held, release))
 
     def _expect_destroys(
         self, uid: str, held: Allocated | None, release: Release
@@ -677,9 +674,7 @@ class Ledger(Reserving, Grouping):
             *destroy,
             ClaimFailed(
                 key=uid,
-                event_id=derived_id(uid, "failed-after-partition")
-                if attempt == 0
-                else derived_id(uid, "failed-after-partition", attempt),
+                event_id=numbered_id(uid, "failed-after-partition", attempt=attempt),
                 producer=self.producer,
                 namespace=namespace,
                 name=name,

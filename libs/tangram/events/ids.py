@@ -1,8 +1,9 @@
 """Ids derived from what they name, so that a retried or repeated publication is the same message.
 
-A partition command's id depends only on the claim and the MIG slot it acts on: whichever path
-sends it (the allocator after its decision, or the node preparing a claim kube-scheduler
-allocated), and however often, the partitioner runs it once and JetStream stores it once.
+A partition command's id depends only on the claim, the MIG slot it acts on and how many attempts
+at that slot were closed (`attempts.SlotAttempts`): whichever path sends it (the allocator after
+its decision, or the node preparing the claim), and however often, the partitioner runs it once and
+JetStream stores it once.
 """
 
 from __future__ import annotations
@@ -16,6 +17,12 @@ def derived_id(*parts: object) -> str:
     return uuid.uuid5(_IDS, "/".join(str(p) for p in parts)).hex
 
 
+def numbered_id(*parts: object, attempt: int) -> str:
+    """The id of what `parts` name at `attempt`: attempt 0 keeps the id it had before attempts were
+    counted, so that what was published then is still de-duplicated against."""
+    return derived_id(*parts, attempt) if attempt else derived_id(*parts)
+
+
 def partition_command_id(
     claim_uid: str, action: str, *, gpu_index: int, profile_id: int, start: int, attempt: int = 0
 ) -> str:
@@ -23,9 +30,7 @@ def partition_command_id(
     claim. `attempt` counts the node's earlier creates of that slot for the claim that failed or were
     destroyed, so that preparing the claim again makes a new instance instead of finding the old
     command already answered."""
-    if attempt:
-        return derived_id(claim_uid, action, gpu_index, profile_id, start, attempt)
-    return derived_id(claim_uid, action, gpu_index, profile_id, start)
+    return numbered_id(claim_uid, action, gpu_index, profile_id, start, attempt=attempt)
 
 
 def command_event_id(command_id: str) -> str:
