@@ -6,6 +6,8 @@ before the nodes' results, must not fail the second allocation with the first on
 
 from __future__ import annotations
 
+import msgspec
+
 from tangram.allocation.ledger import Ledger
 from tangram.bus import Bus
 from tangram.events import (
@@ -251,3 +253,20 @@ def test_a_rebuild_expects_the_destroys_a_claim_placed_again_on_its_slot_was_sen
     for n in range(2, 10):
         claim = request(n, mig("7g.80gb"))
         assert of(ClaimAllocated, rebuilt.apply(claim)) and of(ClaimAllocated, live.apply(claim))
+
+
+def test_a_node_cannot_move_the_count_of_another_nodes_slot() -> None:
+    """A result counts only for the GPUs of the node that sends it (its subject names it): another
+    node quoting this node's GPU would otherwise make the allocator number the claim's next command
+    differently from its own node, which then refuses the node's prepare."""
+    book = ledger()
+    book.apply(inventory("l40s-8", "n2"), live=False)  # GPUs of its own: the simulator names GPUs by machine
+    asked = request(1, mig("7g.80gb"))
+    [create] = of(PartitionRequested, book.apply(asked))
+    assert create.node == "n1"
+    forged = msgspec.structs.replace(refused(create), key="n2", node="n2")
+    assert book.apply(forged) == []
+    assert book.slot_attempts.current(asked.uid, create.gpu_uuid, create.placement.start) == 0
+    assert book.decided[asked.uid] == "allocated"
+    book.apply(refused(create))
+    assert book.slot_attempts.current(asked.uid, create.gpu_uuid, create.placement.start) == 1
