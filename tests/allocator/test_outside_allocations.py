@@ -19,7 +19,7 @@ from tangram.events import (
     subject_token,
 )
 
-from .helpers import CLASSES, inventory, request
+from .helpers import CLASSES, inventory, released, request
 
 NODE = "n1"
 KUBE_UID = "7a1c0000-0000-4000-8000-00000000beef"
@@ -96,8 +96,8 @@ def test_a_mig_placement_kube_scheduler_allocated_holds_its_gpu() -> None:
 def test_a_rebuild_from_the_log_holds_the_same_devices() -> None:
     book = ledger(prepared("gpu-3"))
     assert devices_of(book.apply(request(1, gpu_between(3, 4)))) == ["gpu-4"]
-    released = ledger(prepared("gpu-3"), unprepared())
-    assert devices_of(released.apply(request(1, gpu_between(3, 4)))) == ["gpu-3"]
+    after_unprepare = ledger(prepared("gpu-3"), unprepared())
+    assert devices_of(after_unprepare.apply(request(1, gpu_between(3, 4)))) == ["gpu-3"]
 
 
 def test_the_prepare_of_a_claim_the_allocator_decided_changes_nothing() -> None:
@@ -167,3 +167,34 @@ def test_a_made_up_result_for_a_claim_the_allocator_decided_is_still_refused() -
     assert book.unanswered(forged) == "create result for command 'made-up', which was never sent"
     assert book.apply(forged) == []
     assert book.decided[claim.uid] == "allocated"
+
+
+def test_a_device_both_deciders_gave_out_goes_to_the_other_claim_when_the_first_is_released() -> None:
+    """The pods of the claim kube-scheduler allocated still run on the GPU once the allocator's
+    claim is released: the GPU is theirs until their node unprepares it, never given out again."""
+    book = ledger()
+    ours = request(1, gpu_between(3, 3))
+    assert devices_of(book.apply(ours)) == ["gpu-3"]
+    book.apply(prepared("gpu-3"))
+    book.apply(released(ours))
+    assert book.fleet.snapshot()["nodes"][NODE]["allocated"] == {"gpu-3": KUBE_UID}
+    [failed] = book.apply(request(2, gpu_between(3, 3)))
+    assert isinstance(failed, ClaimFailed)
+    book.apply(unprepared())
+    assert devices_of(book.apply(request(3, gpu_between(3, 3)))) == ["gpu-3"]
+
+
+def test_a_contested_device_is_held_alike_whichever_of_prepare_and_release_is_folded_first() -> None:
+    """Where the prepare falls against the release is timing: live, a rebuild and a replay fold
+    them in either order, and each must hold the GPU for the claim whose pods run on it."""
+    ours = request(1, gpu_between(3, 3))
+    first = ledger()
+    first.apply(ours)
+    second = ledger()
+    second.apply(ours)
+    first.apply(prepared("gpu-3"), live=False)
+    first.apply(released(ours), live=False)
+    second.apply(released(ours), live=False)
+    second.apply(prepared("gpu-3"), live=False)
+    assert first.fleet.snapshot() == second.fleet.snapshot()
+    assert first.fleet.snapshot()["nodes"][NODE]["allocated"] == {"gpu-3": KUBE_UID}

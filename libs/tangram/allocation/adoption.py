@@ -78,7 +78,39 @@ def adopt_prepared(
         taken.append(name)
     decision = Allocated(claim_uid=claim_uid, node=node_name, devices=allocated)
     holdings.hold(decision, tuple(taken))
+    if conflicts:
+        holdings.contested[claim_uid] = [(r, n) for r, n in devices if n in conflicts]
     if node is not None:
         node.take_held(claim_uid, allocated, taken)
         nodes.changed(node.name)
     return conflicts
+
+
+def hand_over(nodes: NodeIndex, holdings: Holdings, node_name: str, *, driver: str) -> None:
+    """Devices freed on the node go to the claims prepared on them while another claim held them:
+    their pods run there, and the device is theirs until their node unprepares them. Handed over
+    in uid order, the same whether a rebuild reads the prepare before the release or after it."""
+    node = nodes.get(node_name)
+    if node is None:
+        return
+    for uid in holdings.on(node_name):
+        waiting = holdings.contested.get(uid)
+        if not waiting:
+            continue
+        still: list[tuple[str, str]] = []
+        taken: list[AllocatedDevice] = []
+        for request, name in waiting:
+            index = node.shape.index_by_name.get(name)
+            if index is None or index in node.allocated:
+                still.append((request, name))
+                continue
+            device = allocated_device(node.devices[index], request=request, driver=driver, pool=node.pool)
+            node.take_held(uid, [device], [name])
+            taken.append(device)
+        if taken:
+            holdings.take_more(uid, taken)
+            nodes.changed(node_name)
+        if still:
+            holdings.contested[uid] = still
+        else:
+            del holdings.contested[uid]

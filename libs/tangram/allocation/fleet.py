@@ -333,6 +333,7 @@ class FleetState:
                     node.mark_destroying(device.gpu_index, device.profile_id, device.placement.start)
                 destroy.append(mig_plan(device, mig_uuid=mig_uuid))
         if node is not None:
+            adoption.hand_over(self._nodes, self._holdings, node.name, driver=self.driver)
             self._nodes.reindex(node)
         return Release(
             claim_uid=claim_uid, node=held.node, devices=list(held.decision.devices), destroy=destroy
@@ -365,6 +366,7 @@ class FleetState:
                     continue
                 node.mark_destroying(device.gpu_index, device.profile_id, device.placement.start)
                 destroy.append(mig_plan(device))
+            adoption.hand_over(self._nodes, self._holdings, node.name, driver=self.driver)
             self._nodes.changed(node.name)
         return Release(
             claim_uid=claim_uid, node=held.node, devices=list(held.decision.devices), destroy=destroy

@@ -26,6 +26,9 @@ class Holdings:
         self.held: dict[str, Held] = {}
         self._on: dict[str, set[str]] = {}
         self.made: set[MadeInstance] = set()  # the MIG instances Tangram created
+        # uid -> (request, device name) of devices a claim was prepared on while another claim
+        # held them (two deciders at once): it takes them when that claim frees them
+        self.contested: dict[str, list[tuple[str, str]]] = {}
 
     def get(self, claim_uid: str) -> Held | None:
         return self.held.get(claim_uid)
@@ -47,9 +50,19 @@ class Holdings:
                 held, decision=msgspec.structs.replace(held.decision, devices=devices)
             )
 
+    def take_more(self, claim_uid: str, devices: list[AllocatedDevice]) -> None:
+        """The held claim takes these devices too."""
+        held = self.held[claim_uid]
+        self.held[claim_uid] = replace(
+            held,
+            decision=msgspec.structs.replace(held.decision, devices=[*held.decision.devices, *devices]),
+            devices=(*held.devices, *(d.device for d in devices)),
+        )
+
     def drop(self, claim_uid: str) -> Held | None:
         """Forget the claim's hold; returns it, or None when the claim held nothing."""
         held = self.held.pop(claim_uid, None)
+        self.contested.pop(claim_uid, None)
         if held is not None:
             self._on[held.node].discard(claim_uid)
         return held
