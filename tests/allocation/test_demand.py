@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tangram.allocation import Failed
+from tangram.allocation import Failed, FleetState
 from tangram.events.inventory import MigInstance, MigPlacement, NodeHardware
 from tests.allocation.machines import CLASSES, claim, hgx, index_is, l40s, nvlink_config, profile_is, request
-from tests.support.fleets import allocated, fleet
+from tests.support.fleets import allocated, devices_of, fleet
 
 MIG = "mig.gpu.tangram.dev"
 OTHERS = (1, 2, 3, 4, 5, 6, 7)
@@ -187,3 +187,31 @@ def test_reconfiguration_is_a_last_resort() -> None:
     state.apply_inventory(hgx("n", kind="h200", gpu_extra={0: gpu0}))
     whole = allocated(state.allocate(claim("whole", request()), CLASSES))
     assert whole.devices[0].gpu_index == 7 and whole.partitions == []
+
+
+def test_a_new_kind_that_says_nothing_about_demand_leaves_the_supply_as_without_it() -> None:
+    """A claim of a kind not seen before is counted while it is placed and taken back out when it
+    fails for a reason that says nothing about demand. Nodes changed before it (here by a claim
+    kube-scheduler allocated, learned from its node) are filed during its decision: the supply of
+    the kinds tracked must count them as a fleet that never saw the claim does, or every later
+    decision weighs placements with a supply that has drifted."""
+
+    def history(with_hopeless: bool) -> tuple[FleetState, list[list[str]]]:
+        state = fleet(hgx("hgx-a"), l40s("l40s-a"))
+        for n, count in enumerate((1, 2)):
+            state.allocate(claim(f"seen-{n}", request(count=count)), CLASSES)
+        state.adopt_prepared("outside", "hgx-a", [("gpus", "gpu-5")])
+        if with_hopeless:
+            hopeless = state.allocate(claim("hopeless", request(count=16)), CLASSES)
+            assert isinstance(hopeless, Failed) and hopeless.cause == "hardware"
+        # of the kinds seen before: nothing counts the supply again from the start
+        placed = [
+            devices_of(state.allocate(claim(f"next-{n}", request(count=count)), CLASSES))
+            for n, count in enumerate((1, 2, 1, 2, 1))
+        ]
+        return state, placed
+
+    seen, seen_placed = history(with_hopeless=True)
+    unseen, unseen_placed = history(with_hopeless=False)
+    assert seen._index.supply == unseen._index.supply
+    assert seen_placed == unseen_placed

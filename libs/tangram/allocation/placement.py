@@ -194,17 +194,21 @@ class DemandIndex:
 
     def note(self, kind: ClaimKind) -> Callable[[], None]:
         """Count one claim of the kind; returns what takes the count back out, exactly."""
-        saved = (self.demand.saved(), self.tracked, self._position, self.supply)
+        saved = (self.demand.saved(), self.tracked, self._position)
         if self.demand.note(kind):
             self._track(kind)
 
         def undo() -> None:
-            demand, tracked, position, supply = saved
+            demand, tracked, position = saved
             self.demand.restore(demand)
             if tracked is not self.tracked:
-                self.tracked, self._position, self.supply = tracked, position, supply
+                # Counted again from the groups, never the list saved: nodes filed since the kind
+                # was tracked (the decision in between files the nodes changed before it) moved the
+                # new list only, and the saved one would keep supply as it was before them.
+                self.tracked, self._position = tracked, position
                 self._fits.clear()
                 self._forget_options()
+                self.supply = self._counted_supply()
 
         return undo
 
@@ -216,12 +220,8 @@ class DemandIndex:
         self._position = {k.key: i for i, k in enumerate(self.tracked)}
         self._fits.clear()
         self._forget_options()
-        supply = [0] * len(self.tracked)
         try:
-            for key, members in self.groups.items():
-                fits = self.fits(fit_state(key))
-                for i, value in enumerate(fits):
-                    supply[i] += value * len(members)
+            supply = self._counted_supply()
         except Exception:
             # The kind is not tracked after all; the caches are derived and fill again.
             self.tracked, self._position, self.supply = before
@@ -229,6 +229,15 @@ class DemandIndex:
             self._forget_options()
             raise
         self.supply = supply
+
+    def _counted_supply(self) -> list[int]:
+        """The supply of every tracked kind, counted over the groups as they are filed now."""
+        supply = [0] * len(self.tracked)
+        for key, members in self.groups.items():
+            fits = self.fits(fit_state(key))
+            for i, value in enumerate(fits):
+                supply[i] += value * len(members)
+        return supply
 
     def _forget_options(self) -> None:
         """The options' losses are by kind position: gone when the kinds tracked change."""
