@@ -40,6 +40,7 @@ from tangram.events import (
     PartitionApplied,
     PartitionFailed,
 )
+from tangram.events.positions import recorded_positions
 from tangram.kubernetes.objects.deviceclasses import load_shipped_device_classes
 from tangram.service import ServiceContext, first, reached, settle
 
@@ -86,7 +87,10 @@ def load_device_classes(extra: Path | None) -> dict[str, DeviceClass]:
 async def rebuild(ctx: ServiceContext, ledger: Ledger) -> int:
     started = time.perf_counter()
     count = await ctx.bus.replay_into(
-        allocator_log_sources(), lambda event: ledger.apply(event, live=False), on_position=ledger.folded
+        allocator_log_sources(),
+        lambda event: ledger.apply(event, live=False),
+        on_position=ledger.folded,
+        reach=recorded_positions,
     )
     elapsed = time.perf_counter() - started
     REBUILD_EVENTS.set(count)

@@ -126,7 +126,7 @@ class Commanding:
         for plan in release.destroy:
             create = creates.get((plan.gpu_index, plan.placement.start), "")
             # The attempt the instance's create was made with (the node numbers the destroy so too):
-            # a rebuild reads a release before the results that moved the count on since.
+            # a rebuild may read a release before the results that moved the count on since.
             attempt = self.slot_attempts.of_create(
                 uid,
                 create,
@@ -182,9 +182,10 @@ class Commanding:
             self.slot_attempts.observe(result)
 
     def _waits_on(self, uid: str, command_id: str) -> bool:
-        """The claim's allocation standing now waits on this command. A rebuild folds the claims
-        stream before the nodes' results, so the failure of a create made for an earlier allocation
-        of the claim comes after the allocation decided once that failure was known."""
+        """The claim's allocation standing now waits on this command. A rebuild may fold the nodes'
+        results after later claim events (up to the next decision's recorded positions), so the
+        failure of a create made for an earlier allocation of the claim can come after the
+        allocation decided once that failure was known."""
         if self.decided.get(uid) != "allocated" or uid in self.released:
             return False
         held = self.fleet.allocation(uid)

@@ -79,9 +79,10 @@ class Ledger(Commanding, Reserving, Grouping):
     # died before acting on; the consumer delivers it again, and the destroys go out then.
     unanswered_destroys: dict[str, dict[str, PartitionRequested]] = field(default_factory=dict)
     _destroy_claims: dict[str, str] = field(default_factory=dict)  # destroy command id -> claim uid
-    # (node, GPU uuid, start) -> destroy commands sent there and not answered. A rebuild folds every
-    # release before any result: the result of an older destroy at a placement must not count as
-    # the destroy of the instance a later release left there.
+    # (node, GPU uuid, start) -> destroy commands sent there and not answered. A rebuild folds the
+    # results the live allocator read after a release only at the next decision, or at the end: the
+    # result of an older destroy at a placement must not count as the destroy of the instance a
+    # later release left there.
     _destroys_at: dict[tuple[str, str, int], set[str]] = field(default_factory=dict)
     # Requests read back from the log whose decision is still to come: counted in the demand mix
     # when it comes (counts_as_demand), as the live fold counted them when it decided.

@@ -38,6 +38,7 @@ from tangram.events import (
     NodeInventory,
     subject_token,
 )
+from tangram.events.positions import recorded_positions
 from tangram.local.natsserver import NatsServer
 
 TARGET_EVENTS_PER_S = 50_000.0
@@ -96,7 +97,7 @@ def fold(ledger: Ledger, events: list[Event]) -> None:
 
 async def _replay(bus: Bus, each: Callable[[Event], object]) -> int:
     """The allocator's own start-up replay (services/allocator rebuild reads the same sources)."""
-    return await bus.replay_into(allocator_log_sources(), each)
+    return await bus.replay_into(allocator_log_sources(), each, reach=recorded_positions)
 
 
 async def _follow_decisions(bus: Bus, decisions: int) -> int:

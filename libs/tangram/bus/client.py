@@ -164,13 +164,16 @@ class Bus:
         each: Callable[[Event], object],
         *,
         on_position: PositionHook | None = None,
+        reach: history.Reach | None = None,
     ) -> int:
         """Replay each (stream, subjects) in turn into `each`; returns how many events it saw.
 
-        An event `each` raises on is reported and skipped: a start-up that stops at one bad event
-        of the log would stop at it again on every restart.
+        With `reach`, a stream replayed later is replayed up to where an event says its writer had
+        read it before that event (`replay.fold_lanes`). An event `each` raises on is reported and
+        skipped: a start-up that stops at one bad event of the log would stop at it again on every
+        restart.
         """
-        return await history.replay_into(self._link, sources, each, on_position=on_position)
+        return await history.replay_into(self._link, sources, each, on_position=on_position, reach=reach)
 
     async def follow(
         self,

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from functools import partial
 
@@ -181,32 +181,87 @@ async def last_per_subject(link: Link, stream: str) -> list[RawStreamMsg]:
     return sorted(found, key=lambda msg: msg.seq or 0)
 
 
+Reach = Callable[[Event], Mapping[str, int]]
+Lane = tuple[str, AsyncIterator[tuple[int, Event]]]
+
+
 async def replay_into(
     link: Link,
     sources: Sequence[tuple[str, Sequence[str]]],
     each: Callable[[Event], object],
     *,
     on_position: PositionHook | None = None,
+    reach: Reach | None = None,
 ) -> int:
     """Replay each (stream, subjects) in turn into `each`; returns how many events it saw.
 
-    An event `each` raises on is reported and skipped: a start-up that stops at one bad event
-    of the log would stop at it again on every restart.
-
-    `each` folds the log into long-lived state, so the cyclic collector waits until the end
-    (`collector_paused`).
+    With `reach`, an event that says how far its writer had read a stream replayed after its own
+    has that stream's events up to there replayed before it (`fold_lanes`).
     """
+    lanes = [(stream, replay(link, stream, subjects=subjects)) for stream, subjects in sources]
+    return await fold_lanes(lanes, each, on_position=on_position, reach=reach)
+
+
+async def fold_lanes(
+    lanes: Sequence[Lane],
+    each: Callable[[Event], object],
+    *,
+    on_position: PositionHook | None = None,
+    reach: Reach | None = None,
+) -> int:
+    """Fold each lane's events in turn; returns how many there were.
+
+    An event of one lane that `reach` says was written having read a later lane up to a sequence
+    has that lane's events up to it folded first: the allocator's decisions are folded after the
+    node results it had read when it made them, as it folded them then, and not after the whole
+    claims stream. A later lane is read only as far as it is reached, then whole in its turn.
+
+    An event `each` raises on is reported and skipped: a start-up that stops at one bad event
+    of the log would stop at it again on every restart. `each` folds the log into long-lived
+    state, so the cyclic collector waits until the end (`collector_paused`).
+    """
+    order = {stream: index for index, (stream, _) in enumerate(lanes)}
+    held: dict[int, tuple[int, Event]] = {}  # lane -> the event read past where it was reached
+    ended: set[int] = set()
     count = 0
-    with collector_paused():
-        for stream, subjects in sources:
-            async for sequence, event in replay(link, stream, subjects=subjects):
-                if on_position is not None:
-                    on_position(stream, sequence)
+
+    async def fold(index: int, up_to: int | None) -> None:
+        nonlocal count
+        stream, events = lanes[index]
+        while index not in ended:
+            item = held.pop(index, None)
+            if item is None:
                 try:
-                    each(event)
-                except Exception as exc:
-                    _skipped(stream, "refused", event.subject, sequence, exc)
-                count += 1
+                    item = await anext(events)
+                except StopAsyncIteration:
+                    ended.add(index)
+                    return
+            sequence, event = item
+            if up_to is not None and sequence > up_to:
+                held[index] = item
+                return
+            if reach is not None:
+                for later, position in reach(event).items():
+                    if order.get(later, -1) > index:
+                        await fold(order[later], position)
+            if on_position is not None:
+                on_position(stream, sequence)
+            try:
+                each(event)
+            except Exception as exc:
+                _skipped(stream, "refused", event.subject, sequence, exc)
+            count += 1
+
+    try:
+        with collector_paused():
+            for index in range(len(lanes)):
+                await fold(index, None)
+    finally:
+        for _, events in lanes:
+            closing = getattr(events, "aclose", None)
+            if closing is not None:
+                with contextlib.suppress(Exception):
+                    await closing()
     return count
 
 

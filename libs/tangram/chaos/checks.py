@@ -32,6 +32,7 @@ from tangram.chaos.invariants import (
 from tangram.chaos.nodes import NodeView
 from tangram.chaos.workload import Observed
 from tangram.events import CLAIMS_STREAM, DEADLETTER_STREAM, NODES_STREAM, Event
+from tangram.events.positions import recorded_positions
 from tangram.kubernetes.objects.deviceclasses import load_shipped_device_classes
 from tangram.local.processes import LocalCluster
 
@@ -156,7 +157,9 @@ class ChaosChecks:
 
     async def _replayed_ledger(self) -> dict[str, Any]:
         ledger = Ledger(fleet=FleetState(), classes=device_classes())
-        await self.bus.replay_into(allocator_log_sources(), lambda event: ledger.apply(event, live=False))
+        await self.bus.replay_into(
+            allocator_log_sources(), lambda event: ledger.apply(event, live=False), reach=recorded_positions
+        )
         return ledger.snapshot()
 
     def _allocator_port(self) -> int:

@@ -17,7 +17,7 @@ from tangram.events.ids import partition_command_id
 
 Slot = tuple[str, str, int]  # (claim uid, GPU uuid, first memory slice; 0 for a whole GPU)
 
-# How far back a create id is looked for among the attempts of its slot (a rebuild reads the claims
+# How far back a create id is looked for among the attempts of its slot (a rebuild may read the claims
 # before the results that moved the count on). A claim closed this often on one slot is refused by
 # then; past it the current count is taken.
 _LOOKED_BACK = 64
