@@ -96,6 +96,12 @@ def claim_kind(claim: ResolvedClaim) -> ClaimKind | None:
     rules = [rule for rule in claim.topology if covers(rule.requests, alt)]
     nvlink = any(rule.nvlink for rule in rules)
     bandwidth = max((rule.min_bandwidth_gbps for rule in rules), default=0.0)
+    return alternative_kind(alt, nvlink, bandwidth)
+
+
+def alternative_kind(alt: Alternative, nvlink: bool, bandwidth: float) -> ClaimKind:
+    """The kind of a claim of this one way to be satisfied: also how a ledger image names the
+    kinds of its demand mix again (allocation.image)."""
     key = ("claim", alt.cache_key, alt.count, nvlink, bandwidth)
     selectors = sum(1 for where, _ in alt.selectors if where.startswith("request"))
     label = (

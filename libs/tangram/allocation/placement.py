@@ -26,7 +26,7 @@ from math import inf
 from typing import Any
 
 from tangram.allocation.capacity import FitState, Want, fit, placements_fit, want_on
-from tangram.allocation.demand import ClaimKind, Demand
+from tangram.allocation.demand import ClaimKind, Demand, DemandSaved
 from tangram.allocation.eligibility import Eligible
 from tangram.allocation.model import CandidateScore, LossTerm
 from tangram.allocation.node import NodeState
@@ -211,6 +211,13 @@ class DemandIndex:
                 self.supply = self._counted_supply()
 
         return undo
+
+    def restore(self, saved: DemandSaved) -> None:
+        """Back to a mix saved before (a ledger image), every kind of it tracked, as noting the
+        same claims again would leave it."""
+        self.demand.restore(saved)
+        for kind in saved.kinds.values():
+            self._track(kind)
 
     def _track(self, kind: ClaimKind) -> None:
         if kind.key in self._position:
