@@ -369,10 +369,16 @@ def _restore_fleet(fleet: FleetState, image: FleetImage) -> None:
         fleet._destroyed[name] = dict.fromkeys(uuids)
     for name in fleet.node_names:
         node = fleet.node(name)
-        gone = image.destroyed.get(name)
-        if node is not None and gone and any(m.uuid in gone for g in node.hw.gpus for m in g.mig_instances):
-            # Read again without what its destroys' results removed, as the fold of them did.
-            fleet.apply_inventory(node.hw)
+        gone = set(image.destroyed.get(name, ()))
+        if node is None or not gone:
+            continue
+        # The instances its destroys' results removed, removed as the fold of them removed them:
+        # from what the node holds, its inventory as read (which trials start from) left as it is.
+        for gpu in node.hw.gpus:
+            for instance in gpu.mig_instances:
+                if instance.uuid in gone:
+                    node.destroyed(gpu.uuid, instance.placement.start, instance.uuid, slot_freed=False)
+        fleet._nodes.changed(name)
     for name, entries in image.destroying.items():
         node = fleet.node(name)
         if node is not None:
