@@ -100,11 +100,13 @@ def test_a_ledger_restored_from_its_image_decides_on_exactly_as_the_ledger_it_wa
 
 
 # Known to fail: the whole log, folded in rebuild order (every claim event before every node
-# result), does not end where the live allocator was in two ways the image does not share (the
-# image holds what the live ledger held): a create's failure folded after the claim was allocated
-# again fails it again (test_a_rebuild_fails_again_a_claim_allocated_again_after_its_create_failed),
-# and a destroy re-sent for a redelivered release carries the positions of the rebuild, not those
-# it was first sent with. Not shrunk: each failing example would cost minutes.
+# result), does not end where the live allocator was, in ways the image does not share (it holds
+# what the live ledger held, which the test above checks): a create's failure folded after the
+# claim was allocated again fails it again (test_a_rebuild_fails_again_a_claim_allocated_again_after
+# _its_create_failed); a destroy re-sent for a redelivered release is the rebuild's (no instance
+# named yet, the rebuild's positions), not the one first sent; a claim prepared outside on a
+# device another claim held then takes it when the rebuild folds its prepare after that claim's
+# release. Not shrunk: each failing example would cost minutes.
 @pytest.mark.xfail(reason="the rebuild order's own divergences from the live fold (see above)", strict=False)
 @pytest.mark.timeout(600)
 @settings(
