@@ -28,11 +28,9 @@ from tangram.events import (
     ClaimFailed,
     ClaimReleased,
     Event,
-    PartitionFailed,
-    PartitionRequested,
 )
 
-from .helpers import CLASSES, gpus, mig, of, request
+from .helpers import CLASSES, gpus, of, request
 from .image_traces import (
     INVENTORIES,
     SPEC_WEIGHTS,
@@ -101,12 +99,10 @@ def test_a_ledger_restored_from_its_image_decides_on_exactly_as_the_ledger_it_wa
 
 # Known to fail: the whole log, folded in rebuild order (every claim event before every node
 # result), does not end where the live allocator was, in ways the image does not share (it holds
-# what the live ledger held, which the test above checks): a create's failure folded after the
-# claim was allocated again fails it again (test_a_rebuild_fails_again_a_claim_allocated_again_after
-# _its_create_failed); a destroy re-sent for a redelivered release is the rebuild's (no instance
-# named yet, the rebuild's positions), not the one first sent; a claim prepared outside on a
-# device another claim held then takes it when the rebuild folds its prepare after that claim's
-# release. Not shrunk: each failing example would cost minutes.
+# what the live ledger held, which the test above checks): a destroy re-sent for a redelivered
+# release is the rebuild's (no instance named yet, the rebuild's positions), not the one first
+# sent; a claim prepared outside on a device another claim held then takes it when the rebuild
+# folds its prepare after that claim's release. Not shrunk: each failing example would cost minutes.
 @pytest.mark.xfail(reason="the rebuild order's own divergences from the live fold (see above)", strict=False)
 @pytest.mark.timeout(600)
 @settings(
@@ -266,28 +262,3 @@ def test_a_demand_kind_that_derives_as_another_is_refused() -> None:
     damaged = msgspec.structs.replace(image, fleet=msgspec.structs.replace(image.fleet, demand=demand))
     with pytest.raises(ImageError, match="derives as"):
         restored_ledger(damaged, fleet=fresh_fleet(), classes=CLASSES)
-
-
-@pytest.mark.xfail(
-    reason="a rebuild folds a create's failure after the claim's later allocation", strict=True
-)
-def test_a_rebuild_fails_again_a_claim_allocated_again_after_its_create_failed() -> None:
-    """Live: the create fails, the claim fails, is asked again and allocated. The rebuild folds
-    the claims stream first (the claim ends allocated), then the node's old failure, which still
-    names a command of the claim: the rebuilt allocator takes the claim as failed and its devices
-    as free, while the live one holds them. An image taken after the failure does not do this."""
-    live = fresh_ledger()
-    asked = request(1, mig("2g.35gb"))
-    claims: list[Event] = [asked, *live.apply(asked)]
-    create = of(PartitionRequested, claims)[0]
-    refused = PartitionFailed(
-        key=create.key, command_id=create.command_id, node=create.node, action="create",
-        gpu_uuid=create.gpu_uuid, profile=create.profile, placement=create.placement,
-        claim_uid=create.claim_uid, reason="refused",
-    )  # fmt: skip
-    claims += of(ClaimFailed, live.apply(refused))
-    again = msgspec.structs.replace(asked, attempt=1)
-    claims += [again, *live.apply(again)]
-    assert live.decided[asked.uid] == "allocated"
-    log = [e for e in claims if not isinstance(e, PartitionRequested)]
-    assert replayed(log, [refused]).decided[asked.uid] == "allocated"
