@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from tangram.allocation import FleetState
 from tangram.allocation.image import (
     IMAGE_SCHEMA,
     ImageError,
@@ -28,9 +29,11 @@ from tangram.events import (
     ClaimFailed,
     ClaimReleased,
     Event,
+    PartitionFailed,
+    PartitionRequested,
 )
 
-from .helpers import CLASSES, gpus, of, request
+from .helpers import CLASSES, applied, gpus, inventory, mig, of, request
 from .image_traces import (
     INVENTORIES,
     SPEC_WEIGHTS,
@@ -262,3 +265,51 @@ def test_a_demand_kind_that_derives_as_another_is_refused() -> None:
     damaged = msgspec.structs.replace(image, fleet=msgspec.structs.replace(image.fleet, demand=demand))
     with pytest.raises(ImageError, match="derives as"):
         restored_ledger(damaged, fleet=fresh_fleet(), classes=CLASSES)
+
+
+def test_a_claim_placed_again_on_its_slot_after_a_failed_create_sends_the_live_create_restored() -> None:
+    """The image keeps the attempts the nodes closed on each slot: the create of a claim decided
+    again after its create failed is numbered by them, as the node numbers it. Without them the
+    restored ledger would send the failed create's id again, which JetStream drops as a duplicate
+    (and which is already answered)."""
+    dgx = inventory("dgx-h100", "n1")  # no MIG instance yet: every placement needs a create
+
+    def fleet() -> FleetState:
+        fleet = FleetState()
+        fleet.apply_inventory(dgx.hardware)
+        return fleet
+
+    live = Ledger(fleet=FleetState(), classes=CLASSES)
+    live.apply(dgx, live=False)
+    asked = request(1, mig("7g.80gb"))
+    [first] = of(PartitionRequested, live.apply(asked))
+    failure = PartitionFailed(
+        key=first.key, command_id=first.command_id, node=first.node, action=first.action,
+        gpu_uuid=first.gpu_uuid, profile=first.profile, placement=first.placement,
+        claim_uid=first.claim_uid, reason="refused",
+    )  # fmt: skip
+    assert of(ClaimFailed, live.apply(failure))
+    image = image_of(live)
+    assert image.slot_attempts
+    book = restored_ledger(decode_image(encode_image(image)), fleet=fleet(), classes=CLASSES)
+    amnesiac = restored_ledger(
+        msgspec.structs.replace(image, slot_attempts=[]), fleet=fleet(), classes=CLASSES
+    )
+    again = msgspec.structs.replace(asked, attempt=1)
+    expected = untimed(live.apply(again))
+    [second] = of(PartitionRequested, expected)
+    assert (second.gpu_uuid, second.placement) == (first.gpu_uuid, first.placement)  # the same slot
+    assert second.command_id != first.command_id
+    assert untimed(book.apply(again)) == expected
+    [forgotten] = of(PartitionRequested, amnesiac.apply(again))
+    assert forgotten.command_id == first.command_id
+    # Its hold names the second create live, as a replayed hold does: imaged now and released, the
+    # restored ledger destroys the instance that create made, by the command the live one sends.
+    live.apply(applied(second, "MIG-second"))
+    later = restored_ledger(decode_image(encode_image(image_of(live))), fleet=fleet(), classes=CLASSES)
+    held = later.fleet.allocation(asked.uid)
+    assert held is not None and [d.partition_command for d in held.devices] == [second.command_id]
+    release = ClaimReleased(key=asked.uid, namespace="team", name=asked.name, uid=asked.uid)
+    [destroy] = of(PartitionRequested, untimed(live.apply(release)))
+    assert destroy.mig_uuid == "MIG-second"
+    assert untimed(later.apply(release)) == [destroy]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Mapping
+from typing import Annotated
 
 import msgspec
 
@@ -30,6 +31,7 @@ from tangram.allocation.spec import DeviceClass, DeviceToleration
 from tangram.cel import CelError, compile_selector
 from tangram.dra.imex import ImexChannel
 from tangram.events import ClaimRequested, PartitionRequested
+from tangram.events.attempts import SlotAttempts
 
 
 class ImageError(ValueError):
@@ -122,6 +124,16 @@ class DestroysAtImage(_Image, frozen=True, kw_only=True, forbid_unknown_fields=T
     commands: list[str]
 
 
+class SlotAttemptsImage(_Image, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The attempts the nodes closed for a claim on one MIG slot: the attempt its next create,
+    disable-mig or destroy there is numbered by (events.attempts)."""
+
+    claim_uid: str
+    gpu_uuid: str
+    start: int
+    closed: Annotated[int, msgspec.Meta(ge=1)]
+
+
 class LedgerImage(_Image, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Every field of `Ledger` that a fold changes, and the fleet's history (`FleetImage`)."""
 
@@ -146,6 +158,7 @@ class LedgerImage(_Image, frozen=True, kw_only=True, forbid_unknown_fields=True)
     domains: dict[str, ChannelImage]
     gang_holds: list[GangHoldImage]
     domain_members: dict[str, list[str]]
+    slot_attempts: list[SlotAttemptsImage]  # in the order the slots were first closed
     fleet: FleetImage
 
 
@@ -230,6 +243,10 @@ def image_of(ledger: Ledger) -> LedgerImage:
             for (namespace, group), h in ledger.gang_holds.items()
         ],
         domain_members={domain: sorted(members) for domain, members in ledger._domain_members.items()},
+        slot_attempts=[
+            SlotAttemptsImage(claim_uid=uid, gpu_uuid=gpu_uuid, start=start, closed=closed)
+            for (uid, gpu_uuid, start), closed in ledger.slot_attempts.saved()
+        ],
         fleet=_fleet_image(ledger.fleet),
     )
 
@@ -361,6 +378,9 @@ def restored_ledger(
             for h in image.gang_holds
         },
         _domain_members={domain: set(members) for domain, members in image.domain_members.items()},
+        slot_attempts=SlotAttempts.restore(
+            [((a.claim_uid, a.gpu_uuid, a.start), a.closed) for a in image.slot_attempts]
+        ),
     )
 
 

@@ -37,6 +37,19 @@ class SlotAttempts:
         if closes:
             self._closed[(result.claim_uid, result.gpu_uuid, result.placement.start)] += 1
 
+    def saved(self) -> list[tuple[Slot, int]]:
+        """The counts, each slot's with it, in the order the slots were first closed: what a
+        ledger image keeps of them."""
+        return list(self._closed.items())
+
+    @classmethod
+    def restore(cls, saved: list[tuple[Slot, int]]) -> SlotAttempts:
+        """The counts `saved` returned."""
+        attempts = cls()
+        for (claim_uid, gpu_uuid, start), closed in saved:
+            attempts._closed[(claim_uid, gpu_uuid, start)] = closed
+        return attempts
+
     def current(self, claim_uid: str, gpu_uuid: str, start: int) -> int:
         return self._closed.get((claim_uid, gpu_uuid, start), 0)
 
