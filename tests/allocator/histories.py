@@ -71,30 +71,31 @@ def fresh_ledger() -> Ledger:
     return book
 
 
-def fold(book: Ledger, stream: str, start: int, events: list[Event]) -> None:
-    """Fold a stretch of a stream's log (its first event at sequence `start`)."""
+async def _lane(events: list[Event], start: int) -> AsyncIterator[tuple[int, Event]]:
     for seq, event in enumerate(events, start):
-        book.folded(stream, seq)
-        book.apply(event, live=False)
-
-
-async def _lane(events: list[Event]) -> AsyncIterator[tuple[int, Event]]:
-    for seq, event in enumerate(events, 1):
         yield seq, event
 
 
-def replayed(claims: list[Event], nodes: list[Event]) -> Ledger:
-    """The ledger a rebuild folds from the whole log, in the rebuild's order: inventories, then
-    claims, each decision after the node results it was made having read, then the rest."""
-    book = fresh_ledger()
+def fold_in_order(
+    book: Ledger, claims: list[Event], nodes: list[Event], *, starts: tuple[int, int] = (1, 1)
+) -> None:
+    """Fold stretches of the claims and nodes streams (their first events at `starts`) in the
+    rebuild's order: each decision after the node results it was made having read, then the rest."""
     asyncio.run(
         fold_lanes(
-            [(CLAIMS_STREAM, _lane(claims)), (NODES_STREAM, _lane(nodes))],
+            [(CLAIMS_STREAM, _lane(claims, starts[0])), (NODES_STREAM, _lane(nodes, starts[1]))],
             lambda event: book.apply(event, live=False),
             on_position=book.folded,
             reach=recorded_positions,
         )
     )
+
+
+def replayed(claims: list[Event], nodes: list[Event]) -> Ledger:
+    """The ledger a rebuild folds from the whole log: inventories, then claims and node results in
+    the rebuild's order (`fold_in_order`)."""
+    book = fresh_ledger()
+    fold_in_order(book, claims, nodes)
     return book
 
 
@@ -235,3 +236,11 @@ class Driver:
             elif isinstance(output, ClaimAllocated | ClaimFailed | ClaimPreempting):
                 run.claims.append(output)
         run.marks.append((len(run.claims), len(run.nodes)))
+
+
+def commands_and_decisions(outputs: list[Event]) -> tuple[list[tuple[str, str, str]], list[Event]]:
+    """The commands by what makes them one command (their id, stored and run once), and the rest
+    as they are. A destroy sent again for an instance the claim found on its node, made by no
+    create, names no instance after a rebuild: the inventory read then may show another there."""
+    commands = [(c.command_id, c.action, c.node) for c in outputs if isinstance(c, PartitionRequested)]
+    return commands, untimed([e for e in outputs if not isinstance(e, PartitionRequested)])

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tangram.events import CLAIMS_STREAM, NODES_STREAM, Event, PartitionRequested
+from tangram.events import CLAIMS_STREAM, NODES_STREAM, PartitionRequested
 
 from .helpers import applied, gpus, mig, released, request
-from .histories import Driver, replayed, untimed
+from .histories import Driver, commands_and_decisions, replayed, untimed
 
 
 def test_a_destroy_sent_again_after_a_rebuild_is_the_one_the_live_allocator_sent() -> None:
@@ -31,14 +31,6 @@ def test_a_destroy_sent_again_after_a_rebuild_is_the_one_the_live_allocator_sent
     assert destroy.positions[NODES_STREAM] == 1
     rebuilt = replayed(driver.run.claims, driver.run.nodes)
     assert untimed(rebuilt.apply(released(first))) == untimed([destroy])
-
-
-def commands_and_decisions(outputs: list[Event]) -> tuple[list[tuple[str, str, str]], list[Event]]:
-    """The commands by what makes them one command (their id, stored and run once), and the rest
-    as they are. A destroy sent again for an instance the claim found on its node, made by no
-    create, names no instance after a rebuild: the inventory read then may show another there."""
-    commands = [(c.command_id, c.action, c.node) for c in outputs if isinstance(c, PartitionRequested)]
-    return commands, untimed([e for e in outputs if not isinstance(e, PartitionRequested)])
 
 
 @pytest.mark.timeout(600)

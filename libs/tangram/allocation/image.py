@@ -88,6 +88,8 @@ class FleetImage(_Image, frozen=True, kw_only=True, forbid_unknown_fields=True):
     noted: list[str]  # claims counted in the demand mix
     destroyed: dict[str, list[str]]  # node -> MIG instances destroyed, oldest first
     destroying: dict[str, list[tuple[int, int, int]]]  # node -> (GPU, profile id, start) on their way out
+    # claim uid -> (request, device) it was prepared on while another claim held them (Holdings)
+    contested: dict[str, list[tuple[str, str]]]
     demand: DemandImage
 
 
@@ -271,6 +273,7 @@ def _fleet_image(fleet: FleetState) -> FleetImage:
         noted=sorted(fleet._noted),
         destroyed={name: list(uuids) for name, uuids in fleet._destroyed.items()},
         destroying=destroying,
+        contested={uid: list(devices) for uid, devices in fleet._holdings.contested.items()},
         demand=_demand_image(fleet._index.demand.saved()),
     )
 
@@ -412,6 +415,7 @@ def _restore_fleet(fleet: FleetState, image: FleetImage) -> None:
             node.take_held(decision.claim_uid, decision.devices, devices)
             fleet._nodes.changed(node.name)
     fleet._holdings.made = set(image.made)
+    fleet._holdings.contested = {uid: list(devices) for uid, devices in image.contested.items()}
     fleet._noted = set(image.noted)
     demand = fleet._index.demand
     kinds: dict[tuple[object, ...], ClaimKind] = dict(demand.kinds)
