@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import gc
 import logging
@@ -11,24 +10,19 @@ import os
 import socket
 import time
 import uuid
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
-import yaml
 from prometheus_client import Counter, Gauge, Histogram
 
+from services.allocator.rebuilding import rebuilt_ledger
 from services.allocator.settings import AllocatorSettings
 from services.allocator.waiting import WaitingClaims
-from tangram.allocation import DeviceClass, FleetState
 from tangram.allocation.ledger import Ledger
 from tangram.bus import (
-    BusError,
     LeaderLease,
     Poison,
     allocator_consumer,
-    allocator_log_sources,
     allocator_results_consumer,
-    is_transient,
 )
 from tangram.events import (
     INVENTORY_STREAM,
@@ -40,8 +34,6 @@ from tangram.events import (
     PartitionApplied,
     PartitionFailed,
 )
-from tangram.events.positions import recorded_positions
-from tangram.kubernetes.objects.deviceclasses import load_shipped_device_classes
 from tangram.service import ServiceContext, first, reached, settle
 
 if TYPE_CHECKING:
@@ -55,8 +47,6 @@ DECISION_SECONDS = Histogram(
     "Time to decide one claim",
     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
 )
-REBUILD_EVENTS = Gauge("tangram_allocator_rebuild_events", "Events folded at the last start")
-REBUILD_SECONDS = Gauge("tangram_allocator_rebuild_seconds", "Time the last rebuild took")
 FREE_GPUS = Gauge("tangram_allocator_free_gpus", "Whole GPUs with nothing allocated")
 LEADER = Gauge("tangram_allocator_leader", "1 while this allocator leads (decides), else 0")
 WAITING = Gauge(
@@ -70,36 +60,6 @@ STRANDED_GPUS = Gauge(
     "tangram_allocator_stranded_gpus",
     "Free capacity, in GPUs, on partially used GPUs: no whole-GPU claim can use it",
 )
-
-
-def load_device_classes(extra: Path | None) -> dict[str, DeviceClass]:
-    documents = list(load_shipped_device_classes())
-    if extra is not None:
-        for path in sorted(extra.glob("*.yaml")):
-            documents.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
-    classes: dict[str, DeviceClass] = {}
-    for document in documents:
-        device_class = DeviceClass.from_manifest(document)
-        classes[device_class.name] = device_class
-    return classes
-
-
-async def rebuild(ctx: ServiceContext, ledger: Ledger) -> int:
-    started = time.perf_counter()
-    count = await ctx.bus.replay_into(
-        allocator_log_sources(),
-        lambda event: ledger.apply(event, live=False),
-        on_position=ledger.folded,
-        reach=recorded_positions,
-    )
-    elapsed = time.perf_counter() - started
-    REBUILD_EVENTS.set(count)
-    REBUILD_SECONDS.set(elapsed)
-    log.info(
-        "state rebuilt from the log",
-        extra={"events": count, "seconds": round(elapsed, 3), "claims": len(ledger.decided)},
-    )
-    return count
 
 
 def _log_reused_instances(ledger: Ledger, allocated: ClaimAllocated) -> None:
@@ -122,33 +82,6 @@ def _log_reused_instances(ledger: Ledger, allocated: ClaimAllocated) -> None:
                 "instances": seen,
             },
         )
-
-
-async def rebuilt_ledger(ctx: ServiceContext, settings: AllocatorSettings) -> Ledger | None:
-    """The ledger folded from the whole log; None when stopped first.
-
-    A NATS server lost mid-read leaves the cluster electing stream leaders, which can outlast one
-    request's retries: the log is read again from the start, into a fresh ledger, until it can be.
-    """
-    while True:
-        ledger = Ledger(
-            fleet=FleetState(reconfigure_foreign_instances=settings.reconfigure_foreign_instances),
-            classes=load_device_classes(settings.device_classes),
-            policy=settings.policy,
-            producer=ctx.bus.config.producer,
-        )
-        try:
-            await rebuild(ctx, ledger)
-        except BusError as error:
-            if not is_transient(error):
-                raise
-            log.warning("the log could not be read; reading it again", extra={"error": str(error)})
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ctx.stop.wait(), 1.0)
-            if ctx.stop.is_set():
-                return None
-            continue
-        return ledger
 
 
 async def _closing(api: Any, stop: asyncio.Event) -> None:

@@ -21,6 +21,8 @@ class AllocatorSettings(ServiceSettings):
     kubeconfig: Path | None = None  # default: in-cluster service account, then $KUBECONFIG
     # where the allocator's Lease (tangram-allocator) is kept; None: the pod's own, else tangram-system
     kubernetes_namespace: str | None = None
+    # restore the ledger image at start and fold only the log after it; write one after each rebuild
+    ledger_image: bool = True
 
 
 def parse_settings(argv: list[str] | None = None) -> AllocatorSettings:
@@ -48,6 +50,13 @@ def parse_settings(argv: list[str] | None = None) -> AllocatorSettings:
         help="namespace of the allocator's Lease tangram-allocator (env TANGRAM_NAMESPACE; default: "
         "the pod's own, else tangram-system)",
     )
+    parser.add_argument(
+        "--no-ledger-image",
+        dest="ledger_image",
+        action="store_false",
+        default=not env_flag("TANGRAM_NO_LEDGER_IMAGE"),
+        help="fold the whole log at every start, and write no ledger image (env TANGRAM_NO_LEDGER_IMAGE=1)",
+    )
     args = parser.parse_args(argv)
     return AllocatorSettings(
         **service_fields(args),  # type: ignore[arg-type]
@@ -57,4 +66,5 @@ def parse_settings(argv: list[str] | None = None) -> AllocatorSettings:
         kubernetes=args.kubernetes,
         kubeconfig=args.kubeconfig,
         kubernetes_namespace=args.kubernetes_namespace,
+        ledger_image=args.ledger_image,
     )

@@ -12,7 +12,7 @@ import nats.errors
 import nats.js.errors
 import pytest
 
-from services.allocator.service import rebuilt_ledger
+from services.allocator.rebuilding import rebuilt_ledger
 from services.allocator.settings import AllocatorSettings
 from tangram.bus import Bus, BusError
 from tangram.events import Event
@@ -42,7 +42,7 @@ class FlakyLog:
         return len(self.events)
 
 
-SETTINGS = AllocatorSettings(nats_urls=("nats://127.0.0.1:4222",))
+SETTINGS = AllocatorSettings(nats_urls=("nats://127.0.0.1:4222",), ledger_image=False)
 
 
 def _context(log: FlakyLog) -> ServiceContext:

@@ -100,3 +100,9 @@ def test_rebuild_replays_every_event_into_the_live_state(
     assert report["node_follows_decisions"]["events"] == decided
     for figure in ("fold", "replay_and_fold", "bus_floor", "node_follows_decisions"):
         assert report[figure]["events_per_s"] > 0
+    # the restart from an image taken at 90% of the claims log folds the tenth after it
+    restart = report["from_image"]
+    assert restart["state_matches_live"] is True
+    claims_log = events["total"] - events["NodeInventory"]
+    assert restart["events_folded"] == events["NodeInventory"] + claims_log - int(claims_log * 0.9)
+    assert restart["image_bytes"] > 0

@@ -14,12 +14,13 @@ from nats.aio.client import Client as NatsClient
 from tangram.bus import (
     Bus,
     BusConfig,
+    BusError,
     LeaderLease,
     allocator_consumer,
     allocator_results_consumer,
     partitioner_consumer,
 )
-from tangram.bus.declarations import CLAIM_DECISION_SUBJECTS
+from tangram.bus.declarations import CLAIM_DECISION_SUBJECTS, IMAGE_BUCKET, IMAGE_NAME
 from tangram.events import (
     CLAIMS_STREAM,
     NODES_STREAM,
@@ -318,3 +319,39 @@ async def test_only_the_allocator_user_can_hold_the_allocator_lease(
         await asyncio.sleep(0.02)  # the server writes its log line a moment after telling the client
     [violation] = auth_server.violations()  # the allocator's lease traffic was all permitted
     assert '"$G/user:node-node-a" - Publish Violation - Subject "$KV.tangram-leader.allocator"' in violation
+
+
+async def test_only_the_allocator_user_writes_and_reads_the_ledger_image(
+    auth_server: AuthServer, admin: Bus
+) -> None:
+    """The image is the allocator's state: a node that could write it would decide what a restarted
+    allocator holds, one that could read it would learn every claim of the cluster."""
+    image = b"x" * (300 * 1024)  # several chunks
+    allocator = await _bus(auth_server, "allocator")
+    try:
+        await allocator.ensure_streams()  # as every service does at start: the information alone
+        await allocator.put_object(IMAGE_BUCKET.bucket, IMAGE_NAME, image)
+        await allocator.put_object(IMAGE_BUCKET.bucket, IMAGE_NAME, image[::-1])  # replaces the last
+        assert await allocator.get_object(IMAGE_BUCKET.bucket, IMAGE_NAME) == image[::-1]
+    finally:
+        await allocator.close()
+    assert auth_server.violations() == []  # the allocator's image traffic was all permitted
+    bucket, stream = IMAGE_BUCKET.bucket, f"OBJ_{IMAGE_BUCKET.bucket}"
+    node = await _client(auth_server, USER_A)
+    try:
+        assert await node.refused(f"$O.{bucket}.C.forged")  # a chunk
+        assert await node.refused(f"$O.{bucket}.M.bGVkZ2Vy")  # the entry naming the chunks
+        assert await node.refused(f"$JS.API.STREAM.PURGE.{stream}")
+        assert await node.refused(f"$JS.API.STREAM.MSG.GET.{stream}")
+        assert await node.refused(f"$JS.API.DIRECT.GET.{stream}.$O.{bucket}.M.bGVkZ2Vy")
+        assert await node.refused(f"$JS.API.CONSUMER.CREATE.{stream}")
+        assert await node.refused(f"$JS.API.CONSUMER.CREATE.{stream}.reader.$O.{bucket}.C.>")
+    finally:
+        await node.nc.close()
+    node_bus = await _bus(auth_server, USER_B)
+    try:
+        with pytest.raises(BusError):
+            await node_bus.get_object(IMAGE_BUCKET.bucket, IMAGE_NAME)
+    finally:
+        await node_bus.close()
+    assert await admin.get_object(IMAGE_BUCKET.bucket, IMAGE_NAME) == image[::-1]  # untouched

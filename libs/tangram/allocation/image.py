@@ -136,10 +136,19 @@ class SlotAttemptsImage(_Image, frozen=True, kw_only=True, forbid_unknown_fields
     closed: Annotated[int, msgspec.Meta(ge=1)]
 
 
+class LogMark(_Image, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Where an image stands in one stream: everything up to `sequence` is folded into it. The
+    stream's creation time tells a stream deleted and made again (its sequences start over)."""
+
+    sequence: Annotated[int, msgspec.Meta(ge=0)]
+    created: str
+
+
 class LedgerImage(_Image, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Every field of `Ledger` that a fold changes, and the fleet's history (`FleetImage`)."""
 
     schema: str  # IMAGE_SCHEMA of the Tangram that wrote it
+    log: dict[str, LogMark]  # stream -> how far the image has folded it (empty: not said)
     decided: dict[str, str]
     released: list[str]
     claims: dict[str, tuple[str, str]]
@@ -206,10 +215,12 @@ def decode_image(data: bytes) -> LedgerImage:
 # --- taking the image ------------------------------------------------------------------------------
 
 
-def image_of(ledger: Ledger) -> LedgerImage:
-    """The ledger's state as data; ImageError where some of it cannot be written as data."""
+def image_of(ledger: Ledger, log: Mapping[str, LogMark] | None = None) -> LedgerImage:
+    """The ledger's state as data, folded as far as `log` says; ImageError where some of it cannot
+    be written as data."""
     return LedgerImage(
         schema=IMAGE_SCHEMA,
+        log=dict(log or {}),
         decided=dict(ledger.decided),
         released=sorted(ledger.released),
         claims=dict(ledger.claims),

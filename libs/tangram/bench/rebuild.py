@@ -4,7 +4,9 @@ The log is made the way production makes it: node inventories, then claim reques
 live Ledger, its decisions and some releases, all published to an embedded nats-server. A fresh
 Ledger then folds the inventory stream and the claims stream in that order (as the allocator
 service's `rebuild` does). Three figures: the fold alone (events already decoded in memory),
-replay + fold, and the bus floor (replay without folding). A fourth is a node's side of a restart:
+replay + fold, and the bus floor (replay without folding). Then a restart from a ledger image taken
+at `--image-at` of the claims log, as a start writes one: the image restored and only the log
+after it folded (`eventlog.rebuild`). A fourth is a node's side of a restart:
 its services follow the fleet's claim decisions from the start of the log (they follow, never
 replay, so that they go on reading live events), against the same bus floor.
 """
@@ -22,11 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from tangram.allocation import FleetState
+from tangram.allocation.image import LogMark
 from tangram.allocation.ledger import Ledger
 from tangram.bench.traces import FLEET_MIX, Arrival, build_fleet, churn_trace, claim_spec, mean_demand
 from tangram.bus import Bus, BusConfig, allocator_log_sources
 from tangram.bus.declarations import node_claim_sources
 from tangram.bus.replay import collector_paused
+from tangram.eventlog.rebuild import IMAGE_STREAMS, rebuild_ledger, write_image
 from tangram.events import (
     CLAIMS_STREAM,
     INVENTORY_STREAM,
@@ -53,6 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--load", type=float, default=0.75, help="share of the fleet the live claims ask for")
     parser.add_argument("--nats-url", default=None, help="use this server instead of an embedded one")
+    parser.add_argument(
+        "--image-at",
+        type=float,
+        default=0.9,
+        help="share of the claims log the ledger image was taken at, for the restart from it",
+    )
 
 
 def make_log(
@@ -125,6 +135,45 @@ async def _follow_decisions(bus: Bus, decisions: int) -> int:
 
 def _rate(events: int, seconds: float) -> float:
     return round(events / seconds, 1) if seconds > 0 else 0.0
+
+
+async def _from_image(
+    bus: Bus, inventory: list[Event], log: list[Event], live: Ledger, image_at: float
+) -> dict[str, Any]:
+    """A restart from the image a start wrote when the log was `image_at` of what it is now: the
+    image's ledger is the fold of the log up to there, as that start rebuilt it."""
+    from tangram.bench.traces import shipped_classes  # noqa: PLC0415
+
+    classes = shipped_classes()
+    taken = int(len(log) * image_at)
+    imaged = Ledger(FleetState(), classes)
+    fold(imaged, inventory)
+    fold(imaged, log[:taken])
+    marks = {}
+    for stream in IMAGE_STREAMS:
+        extent = await bus.stream_extent(stream)
+        marks[stream] = LogMark(
+            sequence=taken if stream == CLAIMS_STREAM else extent.last_seq, created=extent.created
+        )
+    started = time.perf_counter()
+    size = await write_image(bus, imaged, marks)
+    write_s = time.perf_counter() - started
+    started = time.perf_counter()
+    rebuilt = await rebuild_ledger(bus, lambda: Ledger(FleetState(), classes))
+    rebuild_s = time.perf_counter() - started
+    if not rebuilt.from_image:
+        raise ValueError(f"the image was not restored: {rebuilt.set_aside}")
+    total = len(inventory) + len(log)
+    return {
+        "image_at": image_at,
+        "image_bytes": size,
+        "write_seconds": round(write_s, 3),
+        "rebuild_seconds": round(rebuild_s, 3),
+        "events_folded": rebuilt.events,
+        "log_events_per_s": _rate(total, rebuild_s),
+        "state_matches_live": rebuilt.ledger.fleet.snapshot() == live.fleet.snapshot()
+        and rebuilt.ledger.decided == live.decided,
+    }
 
 
 async def _measure(bus: Bus, inventory: list[Event], log: list[Event], live: Ledger) -> dict[str, Any]:
@@ -209,6 +258,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 await bus.ensure_streams()
                 figures = await _measure(bus, inventory, log, live)
+                figures["from_image"] = await _from_image(bus, inventory, log, live, args.image_at)
             finally:
                 await bus.close()
         finally:
@@ -227,9 +277,11 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.claims < 1 or args.nodes < 1 or not 0 < args.load <= 2:
+    if args.claims < 1 or args.nodes < 1 or not 0 < args.load <= 2 or not 0 <= args.image_at <= 1:
         print(
-            "tangram bench rebuild: --claims and --nodes must be positive, --load in (0, 2]", file=sys.stderr
+            "tangram bench rebuild: --claims and --nodes must be positive, --load in (0, 2], "
+            "--image-at in [0, 1]",
+            file=sys.stderr,
         )
         return 2
     try:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVar
 
@@ -22,13 +23,22 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, ConsumerInfo, PubAck, RawStreamMsg
 
 from tangram.bus import consume as durable
+from tangram.bus import objects
 from tangram.bus import publish as publishing
 from tangram.bus import replay as history
 from tangram.bus import streams as declare
 from tangram.bus.config import BusConfig, TokenFile, connection_user
 from tangram.bus.connection import Link, dial, renew_before_expiry
 from tangram.bus.consume import Handler
-from tangram.bus.declarations import KEY_VALUES, STREAMS, ConsumerSpec, KeyValueSpec, StreamSpec
+from tangram.bus.declarations import (
+    KEY_VALUES,
+    OBJECT_STORES,
+    STREAMS,
+    ConsumerSpec,
+    KeyValueSpec,
+    ObjectStoreSpec,
+    StreamSpec,
+)
 from tangram.bus.follow import Follower, PositionHook
 from tangram.events import Event
 
@@ -37,6 +47,14 @@ __all__ = ["Bus", "Handler"]
 log = logging.getLogger("tangram.bus")
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class StreamExtent:
+    first_seq: int
+    last_seq: int
+    messages: int
+    created: str  # ISO 8601: a stream deleted and made again has another
 
 
 class Bus:
@@ -87,10 +105,32 @@ class Bus:
         return await self._link.request(call, what, retry_s=retry_s)
 
     async def ensure_streams(
-        self, streams: Sequence[StreamSpec] = STREAMS, key_values: Sequence[KeyValueSpec] = KEY_VALUES
+        self,
+        streams: Sequence[StreamSpec] = STREAMS,
+        key_values: Sequence[KeyValueSpec] = KEY_VALUES,
+        object_stores: Sequence[ObjectStoreSpec] = OBJECT_STORES,
     ) -> None:
         """Create the streams and buckets, or update a stream that differs from its declaration."""
-        await declare.ensure_streams(self._link, streams, key_values)
+        await declare.ensure_streams(self._link, streams, key_values, object_stores)
+
+    async def stream_extent(self, stream: str) -> StreamExtent:
+        """The stream's first and last sequence now, and when it was made."""
+        info = await self._api(lambda: self._link.js.stream_info(stream), f"stream info {stream}", retry_s=10)
+        created = info.created.isoformat() if info.created is not None else ""
+        return StreamExtent(
+            first_seq=info.state.first_seq,
+            last_seq=info.state.last_seq,
+            messages=info.state.messages,
+            created=created,
+        )
+
+    async def put_object(self, bucket: str, name: str, data: bytes) -> None:
+        """Store a blob too large for one message (chunked); it replaces the last one once stored."""
+        await objects.put_object(self._link, bucket, name, data)
+
+    async def get_object(self, bucket: str, name: str) -> bytes | None:
+        """The blob stored as `name`, its digest checked; None when there is none."""
+        return await objects.get_object(self._link, bucket, name)
 
     async def short_lived_consumer(self, stream: str, config: ConsumerConfig, what: str) -> ConsumerInfo:
         """A follow's or replay's consumer, created so that a server dying does not hold it up."""
@@ -165,6 +205,7 @@ class Bus:
         *,
         on_position: PositionHook | None = None,
         reach: history.Reach | None = None,
+        starts: Mapping[str, int] | None = None,
     ) -> int:
         """Replay each (stream, subjects) in turn into `each`; returns how many events it saw.
 
@@ -173,7 +214,9 @@ class Bus:
         skipped: a start-up that stops at one bad event of the log would stop at it again on every
         restart.
         """
-        return await history.replay_into(self._link, sources, each, on_position=on_position, reach=reach)
+        return await history.replay_into(
+            self._link, sources, each, on_position=on_position, reach=reach, starts=starts
+        )
 
     async def follow(
         self,

@@ -176,3 +176,9 @@ async def _log_disconnected() -> None:
 
 async def _log_reconnected() -> None:
     log.info("nats reconnected")
+
+
+def setup_retry_s(link: Link) -> float:
+    """Declaring streams at start waits out an outage as long as a publish would: a service
+    starting while a cluster elects its leaders must not exit."""
+    return max(10.0, link.config.publish_retry_s)

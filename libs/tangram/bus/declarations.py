@@ -78,6 +78,19 @@ LEADER_BUCKET = KeyValueSpec(
 KEY_VALUES: tuple[KeyValueSpec, ...] = (LEADER_BUCKET,)
 
 
+@dataclass(frozen=True)
+class ObjectStoreSpec:
+    bucket: str
+    description: str
+
+
+# The allocator's ledger image: a restarted allocator restores it and folds only the log after it.
+# Written and read by the allocator alone (natsauth.permissions).
+IMAGE_BUCKET = ObjectStoreSpec(bucket="tangram-allocator-image", description="the allocator's ledger image")
+IMAGE_NAME = "ledger"
+OBJECT_STORES: tuple[ObjectStoreSpec, ...] = (IMAGE_BUCKET,)
+
+
 # What a node service folds to know the claims of its node: the allocator's decisions (all nodes:
 # a claim's subject names its uid, not its node) and its own node's partition results and prepares.
 CLAIM_DECISION_SUBJECTS = ("tangram.claim.allocated.>", "tangram.claim.failed.>", "tangram.claim.released.>")

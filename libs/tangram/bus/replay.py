@@ -192,13 +192,18 @@ async def replay_into(
     *,
     on_position: PositionHook | None = None,
     reach: Reach | None = None,
+    starts: Mapping[str, int] | None = None,
 ) -> int:
-    """Replay each (stream, subjects) in turn into `each`; returns how many events it saw.
+    """Replay each (stream, subjects) in turn into `each`, from the sequence `starts` names for it
+    (else the first); returns how many events it saw.
 
     With `reach`, an event that says how far its writer had read a stream replayed after its own
     has that stream's events up to there replayed before it (`fold_lanes`).
     """
-    lanes = [(stream, replay(link, stream, subjects=subjects)) for stream, subjects in sources]
+    lanes = [
+        (stream, replay(link, stream, subjects=subjects, start_seq=(starts or {}).get(stream)))
+        for stream, subjects in sources
+    ]
     return await fold_lanes(lanes, each, on_position=on_position, reach=reach)
 
 

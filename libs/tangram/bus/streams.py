@@ -17,9 +17,10 @@ from nats.js.api import (
     StreamConfig,
 )
 
-from tangram.bus.connection import Link
-from tangram.bus.declarations import ConsumerSpec, KeyValueSpec, StreamSpec
+from tangram.bus.connection import Link, setup_retry_s
+from tangram.bus.declarations import ConsumerSpec, KeyValueSpec, ObjectStoreSpec, StreamSpec
 from tangram.bus.errors import BusError
+from tangram.bus.objects import ensure_object_store
 
 
 def stream_config(spec: StreamSpec, replicas: int = 1) -> StreamConfig:
@@ -72,23 +73,22 @@ def consumer_config(spec: ConsumerSpec) -> ConsumerConfig:
     )
 
 
-def _setup_retry_s(link: Link) -> float:
-    """Declaring streams at start waits out an outage as long as a publish would: a service
-    starting while a cluster elects its leaders must not exit."""
-    return max(10.0, link.config.publish_retry_s)
-
-
 async def ensure_streams(
-    link: Link, streams: Sequence[StreamSpec], key_values: Sequence[KeyValueSpec]
+    link: Link,
+    streams: Sequence[StreamSpec],
+    key_values: Sequence[KeyValueSpec],
+    object_stores: Sequence[ObjectStoreSpec] = (),
 ) -> None:
     for spec in streams:
         await ensure_stream(link, spec)
     for bucket in key_values:
         await ensure_key_value(link, bucket)
+    for store in object_stores:
+        await ensure_object_store(link, store)
 
 
 async def ensure_key_value(link: Link, spec: KeyValueSpec) -> None:
-    js, retry_s = link.js, _setup_retry_s(link)
+    js, retry_s = link.js, setup_retry_s(link)
     try:
         await link.request(lambda: js.key_value(spec.bucket), f"bucket {spec.bucket}", retry_s=retry_s)
     except BusError as exc:
@@ -112,7 +112,7 @@ async def ensure_stream(link: Link, spec: StreamSpec) -> None:
     A stream already as declared is left alone: with NATS permissions, only an admin user may
     manage streams, and every service calls this at start.
     """
-    js, retry_s = link.js, _setup_retry_s(link)
+    js, retry_s = link.js, setup_retry_s(link)
     config = stream_config(spec, link.config.stream_replicas)
     try:
         info = await link.request(

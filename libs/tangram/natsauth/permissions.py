@@ -3,7 +3,8 @@
 Roles:
 - `admin` manages the streams (create/update) and nothing else is expected to.
 - `allocator` publishes claim decisions and partition commands, consumes claims, partition
-  results, prepared claims and inventories, and replays the log at start.
+  results, prepared claims and inventories, replays the log at start, and alone writes and reads
+  its ledger image.
 - `node-<token>` (discovery, partitioner and cdi of one node) publishes only that node's
   inventory, results, dead letters and (cdi, for claims kube-scheduler allocated) partition
   commands, consumes only that node's partition commands through its own durable, and follows
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tangram.bus.declarations import (
+    IMAGE_BUCKET,
     LEADER_BUCKET,
     allocator_consumer,
     allocator_node_subjects,
@@ -163,9 +165,25 @@ def _lease_api(role: str) -> list[str]:
     ]
 
 
+def _image_api() -> list[str]:
+    """Write and read the allocator's ledger image (an object store): publish its chunks and its
+    entry, purge the chunks it replaces, read its entry, and read the chunks back through a
+    short-lived consumer filtered to them."""
+    bucket = IMAGE_BUCKET.bucket
+    stream = f"OBJ_{bucket}"
+    return [
+        f"$O.{bucket}.>",
+        f"$JS.API.STREAM.PURGE.{stream}",
+        f"$JS.API.STREAM.MSG.GET.{stream}",
+        f"$JS.API.DIRECT.GET.{stream}.>",
+        *_follow_api(stream, (f"$O.{bucket}.C.*",)),
+    ]
+
+
 def _stream_info() -> list[str]:
-    # Every service checks at start that the streams and the leader bucket exist as declared.
-    streams = [*ALL_STREAMS, f"KV_{LEADER_BUCKET.bucket}"]
+    # Every service checks at start that the streams and buckets exist as declared (the information
+    # of a stream, never its content).
+    streams = [*ALL_STREAMS, f"KV_{LEADER_BUCKET.bucket}", f"OBJ_{IMAGE_BUCKET.bucket}"]
     return [f"$JS.API.STREAM.INFO.{stream}" for stream in streams]
 
 
@@ -211,6 +229,7 @@ def allocator_permissions(nodes: Sequence[str] = ()) -> Permissions:
         *_follow_api(NODES_STREAM, allocator_node_subjects()),
         *_multi_filter_api(NODES_STREAM),
         *_lease_api(ALLOCATOR_USER),
+        *_image_api(),
     ]
     deny = _not_yours((NODES_STREAM, partitioner_consumer(node).durable) for node in nodes)
     return Permissions(
