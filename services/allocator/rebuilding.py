@@ -17,7 +17,7 @@ from tangram.allocation import DeviceClass, FleetState
 from tangram.allocation.image import ImageError
 from tangram.allocation.ledger import Ledger
 from tangram.bus import BusError, is_transient
-from tangram.eventlog.rebuild import Rebuilt, rebuild_ledger, write_image
+from tangram.eventlog.rebuild import Rebuilt, image_bytes, rebuild_ledger, store_image
 from tangram.kubernetes.objects.deviceclasses import load_shipped_device_classes
 from tangram.service import ServiceContext
 
@@ -75,9 +75,12 @@ async def rebuild(ctx: ServiceContext, settings: AllocatorSettings) -> Rebuilt:
     return rebuilt
 
 
-async def rebuilt_ledger(ctx: ServiceContext, settings: AllocatorSettings) -> Ledger | None:
-    """The ledger folded from the log; None when stopped first. Its image is written once rebuilt,
-    before any live event is folded into it.
+async def rebuilt_ledger(
+    ctx: ServiceContext, settings: AllocatorSettings, background: list[asyncio.Task[None]] | None = None
+) -> Ledger | None:
+    """The ledger folded from the log; None when stopped first. Its image is taken once rebuilt,
+    before any live event is folded into it, and stored in a task added to `background` (awaited
+    here without one): a large image takes seconds to store, and the leader decides meanwhile.
 
     A NATS server lost mid-read leaves the cluster electing stream leaders, which can outlast one
     request's retries: the log is read again from the start, into a fresh ledger, until it can be.
@@ -96,10 +99,23 @@ async def rebuilt_ledger(ctx: ServiceContext, settings: AllocatorSettings) -> Le
             continue
         if rebuilt.marks:
             try:
-                size = await write_image(ctx.bus, rebuilt.ledger, rebuilt.marks)
-            except (ImageError, BusError) as error:
-                log.warning("the ledger image could not be written", extra={"error": str(error)})
+                data = image_bytes(rebuilt.ledger, rebuilt.marks)
+            except ImageError as error:
+                log.warning("the ledger image could not be taken", extra={"error": str(error)})
             else:
-                IMAGE_BYTES.set(size)
-                log.info("ledger image written", extra={"bytes": size})
+                store = _store_image(ctx, data)
+                if background is None:
+                    await store
+                else:
+                    background.append(asyncio.create_task(store))
         return rebuilt.ledger
+
+
+async def _store_image(ctx: ServiceContext, data: bytes) -> None:
+    try:
+        await store_image(ctx.bus, data)
+    except BusError as error:
+        log.warning("the ledger image could not be written", extra={"error": str(error)})
+        return
+    IMAGE_BYTES.set(len(data))
+    log.info("ledger image written", extra={"bytes": len(data)})

@@ -136,7 +136,7 @@ async def lead(ctx: ServiceContext, settings: AllocatorSettings, lease: LeaderLe
 async def _serve(
     ctx: ServiceContext, settings: AllocatorSettings, tasks: list[asyncio.Task[None]], *, holder: str
 ) -> None:
-    ledger = await rebuilt_ledger(ctx, settings)
+    ledger = await rebuilt_ledger(ctx, settings, tasks)
     if ledger is None:
         return
     await resend_unanswered_destroys(ctx, ledger)

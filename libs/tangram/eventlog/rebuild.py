@@ -134,9 +134,13 @@ async def rebuild_ledger(bus: Bus, fresh: Callable[[], Ledger], *, use_image: bo
     )
 
 
-async def write_image(bus: Bus, ledger: Ledger, marks: Mapping[str, LogMark]) -> int:
-    """Store the image of the ledger, folded as far as `marks` say; its size in bytes. Raises
-    ImageError or BusError; a failure leaves the image stored before, which still fits."""
-    data = encode_image(image_of(ledger, marks))
+def image_bytes(ledger: Ledger, marks: Mapping[str, LogMark]) -> bytes:
+    """The image of the ledger, folded as far as `marks` say, to store; ImageError when it cannot
+    be taken. Taken between two events: the fold must not move on while it is."""
+    return encode_image(image_of(ledger, marks))
+
+
+async def store_image(bus: Bus, data: bytes) -> None:
+    """Store the image for the next start. A failure (BusError) leaves the image stored before,
+    which still fits: that start folds more of the log."""
     await bus.put_object(IMAGE_BUCKET.bucket, IMAGE_NAME, data)
-    return len(data)
