@@ -53,7 +53,9 @@ def image_misfit(image: LedgerImage, extents: Mapping[str, StreamExtent]) -> str
             return f"{stream} was made again since it was taken ({mark.created}, now {extent.created})"
         if mark.sequence > extent.last_seq:
             return f"it folded {stream} to {mark.sequence}, and the stream ends at {extent.last_seq}"
-        if extent.messages and extent.first_seq > mark.sequence + 1:
+        # The nodes stream ages out after 30 days: an image older than that has folded results
+        # a whole fold would no longer see, and is the better start. The claims are kept forever.
+        if stream == CLAIMS_STREAM and extent.messages and extent.first_seq > mark.sequence + 1:
             return f"{stream} no longer holds the events after it (it starts at {extent.first_seq})"
     return None
 
