@@ -14,15 +14,29 @@ from prometheus_client import REGISTRY
 
 from services.allocator.rebuilding import rebuilt_ledger
 from services.allocator.settings import AllocatorSettings
-from tangram.allocation.image import decode_image, encode_image
+from tangram.allocation.image import LogMark, decode_image, encode_image, image_of
 from tangram.allocation.ledger import Ledger
 from tangram.bus import Bus
+from tangram.bus.client import StreamExtent
 from tangram.bus.declarations import IMAGE_BUCKET, IMAGE_NAME
+from tangram.eventlog.rebuild import image_misfit
 from tangram.events import CLAIMS_STREAM, NODES_STREAM, ClaimAllocated, Event, PartitionRequested
 from tangram.local.natsserver import NatsServer
 from tangram.service import ServiceContext
 
-from .helpers import allocator, applied, decisions, gpus, inventory, log, log_until, mig, released, request
+from .helpers import (
+    allocator,
+    applied,
+    decisions,
+    gpus,
+    inventory,
+    ledger_on,
+    log,
+    log_until,
+    mig,
+    released,
+    request,
+)
 
 
 def settings(url: str, *, image: bool = True) -> AllocatorSettings:
@@ -144,3 +158,21 @@ def _marked(data: bytes, **mark: object) -> bytes:
     image = decode_image(data)
     claims = msgspec.structs.replace(image.log[CLAIMS_STREAM], **mark)
     return encode_image(msgspec.structs.replace(image, log={**image.log, CLAIMS_STREAM: claims}))
+
+
+def test_an_image_fits_streams_whose_node_results_after_it_aged_out_but_not_claims_lost() -> None:
+    image = image_of(ledger_on("dgx-h100"), {
+        CLAIMS_STREAM: LogMark(sequence=10, created="c"), NODES_STREAM: LogMark(sequence=5, created="n"),
+    })  # fmt: skip
+
+    def extents(claims_first: int, nodes_first: int) -> dict[str, StreamExtent]:
+        return {
+            CLAIMS_STREAM: StreamExtent(first_seq=claims_first, last_seq=20, messages=10, created="c"),
+            NODES_STREAM: StreamExtent(first_seq=nodes_first, last_seq=30, messages=10, created="n"),
+        }
+
+    assert image_misfit(image, extents(1, 1)) is None
+    assert image_misfit(image, extents(1, 21)) is None  # results of 30 days ago are gone either way
+    assert image_misfit(image, extents(12, 1)) == (
+        f"{CLAIMS_STREAM} no longer holds the events after it (it starts at 12)"
+    )
