@@ -7,8 +7,10 @@ import os
 from pathlib import Path
 from typing import get_args
 
+from pydantic import Field
+
 from tangram.allocation import Policy
-from tangram.service import ServiceSettings, add_service_arguments, env_flag, service_fields
+from tangram.service import ServiceSettings, add_service_arguments, env_flag, service_fields, validated
 
 
 class AllocatorSettings(ServiceSettings):
@@ -23,6 +25,10 @@ class AllocatorSettings(ServiceSettings):
     kubernetes_namespace: str | None = None
     # restore the ledger image at start and fold only the log after it; write one after each rebuild
     ledger_image: bool = True
+    # while leading, the image is taken again (from the last one and the log after it, in the
+    # background) this often, once the claims stream has grown by this many events since it
+    image_every_s: float = Field(default=600.0, gt=0)
+    image_after_events: int = Field(default=20_000, ge=1)
 
 
 def parse_settings(argv: list[str] | None = None) -> AllocatorSettings:
@@ -57,14 +63,31 @@ def parse_settings(argv: list[str] | None = None) -> AllocatorSettings:
         default=not env_flag("TANGRAM_NO_LEDGER_IMAGE"),
         help="fold the whole log at every start, and write no ledger image (env TANGRAM_NO_LEDGER_IMAGE=1)",
     )
+    parser.add_argument(
+        "--image-every",
+        type=float,
+        default=env("TANGRAM_IMAGE_EVERY_S", "600"),  # argparse converts a string default too
+        help="seconds between checks whether to take the ledger image again (env TANGRAM_IMAGE_EVERY_S)",
+    )
+    parser.add_argument(
+        "--image-after-events",
+        type=int,
+        default=env("TANGRAM_IMAGE_AFTER_EVENTS", "20000"),
+        help="claim events logged since the image that have it taken again (env TANGRAM_IMAGE_AFTER_EVENTS)",
+    )
     args = parser.parse_args(argv)
-    return AllocatorSettings(
-        **service_fields(args),  # type: ignore[arg-type]
-        policy=args.policy,
-        device_classes=args.device_classes,
-        reconfigure_foreign_instances=args.reconfigure_foreign_instances,
-        kubernetes=args.kubernetes,
-        kubeconfig=args.kubeconfig,
-        kubernetes_namespace=args.kubernetes_namespace,
-        ledger_image=args.ledger_image,
+    return validated(
+        parser,
+        lambda: AllocatorSettings(
+            **service_fields(args),  # type: ignore[arg-type]
+            policy=args.policy,
+            device_classes=args.device_classes,
+            reconfigure_foreign_instances=args.reconfigure_foreign_instances,
+            kubernetes=args.kubernetes,
+            kubeconfig=args.kubeconfig,
+            kubernetes_namespace=args.kubernetes_namespace,
+            ledger_image=args.ledger_image,
+            image_every_s=args.image_every,
+            image_after_events=args.image_after_events,
+        ),
     )

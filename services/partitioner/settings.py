@@ -7,10 +7,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from tangram.partitioning import CleanMode, WarmPoolError, parse_warm_pool
-from tangram.service import NodeSettings, add_service_arguments, env_flag, service_fields
+from tangram.service import NodeSettings, add_service_arguments, env_flag, service_fields, validated
 
 
 class PartitionerSettings(NodeSettings):
@@ -75,8 +75,9 @@ def parse_settings(argv: list[str] | None = None) -> PartitionerSettings:
     args = parser.parse_args(argv)
     if args.sim is not None and args.real:
         parser.error("choose one of --sim and --real")
-    try:
-        return PartitionerSettings(
+    return validated(
+        parser,
+        lambda: PartitionerSettings(
             **service_fields(args),  # type: ignore[arg-type]
             sim_machine=args.sim,
             real=args.real and args.sim is None,
@@ -85,9 +86,5 @@ def parse_settings(argv: list[str] | None = None) -> PartitionerSettings:
             clean_orphans=args.clean_orphans,
             warm_pool=args.warm_pool,
             workers=args.workers,
-        )
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors()
-        )
-        parser.error(problems)
+        ),
+    )

@@ -116,9 +116,9 @@ def request(n: int, spec: dict[str, Any], namespace: str = "team") -> ClaimReque
 
 
 @asynccontextmanager
-async def allocator(bus: Bus, url: str) -> AsyncIterator[ServiceContext]:
+async def allocator(bus: Bus, url: str, **settings: Any) -> AsyncIterator[ServiceContext]:
     ctx = ServiceContext(name="allocator", bus=bus, stop=asyncio.Event())
-    task = asyncio.create_task(run(ctx, AllocatorSettings(nats_urls=(url,))))
+    task = asyncio.create_task(run(ctx, AllocatorSettings(nats_urls=(url,), **settings)))
     await asyncio.wait_for(ctx.ready.wait(), 30)
     try:
         yield ctx

@@ -23,6 +23,7 @@ from tangram.eventlog.rebuild import image_misfit
 from tangram.events import CLAIMS_STREAM, NODES_STREAM, ClaimAllocated, Event, PartitionRequested
 from tangram.local.natsserver import NatsServer
 from tangram.service import ServiceContext
+from tests.support.polling import until
 
 from .helpers import (
     allocator,
@@ -176,3 +177,24 @@ def test_an_image_fits_streams_whose_node_results_after_it_aged_out_but_not_clai
     assert image_misfit(image, extents(12, 1)) == (
         f"{CLAIMS_STREAM} no longer holds the events after it (it starts at 12)"
     )
+
+
+async def test_a_leader_takes_the_image_again_as_the_log_grows(bus: Bus, nats_server: NatsServer) -> None:
+    """However long one leader leads, the next start folds a short tail: the image is taken again,
+    apart from the live ledger, once the claims log has grown enough since it."""
+    await bus.publish(inventory("dgx-h100", "node-1"))
+    async with allocator(bus, nats_server.url, image_every_s=0.05, image_after_events=1):
+        for n in range(1, 6):
+            await bus.publish(request(n, gpus(1)))
+        await log_until(bus, lambda e: len(decisions(e)) == 5)
+        end = (await bus.stream_extent(CLAIMS_STREAM)).last_seq
+
+        async def imaged_to_the_end() -> bool:
+            image = await stored_image(bus)
+            return image is not None and decode_image(image).log[CLAIMS_STREAM].sequence == end
+
+        await until("the image taken again up to the end of the claims log", imaged_to_the_end, 30)
+    image = decode_image(await stored_image(bus) or b"")
+    assert sorted(uid for uid, state in image.decided.items() if state == "allocated") == [
+        request(n, gpus(1)).uid for n in range(1, 6)
+    ]

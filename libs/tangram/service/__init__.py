@@ -7,6 +7,7 @@ from tangram.service.settings import (
     add_service_arguments,
     env_flag,
     service_fields,
+    validated,
 )
 from tangram.service.tasks import first, follow_all, reached, settle
 
@@ -25,4 +26,5 @@ __all__ = [
     "serve",
     "service_fields",
     "settle",
+    "validated",
 ]

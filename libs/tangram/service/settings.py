@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tangram.events import subject_token
 
@@ -113,3 +114,17 @@ def service_fields(args: argparse.Namespace) -> dict[str, object]:
     if hasattr(args, "node_name"):
         fields["node_name"] = args.node_name
     return fields
+
+
+Settings = TypeVar("Settings", bound=BaseModel)
+
+
+def validated(parser: argparse.ArgumentParser, build: Callable[[], Settings]) -> Settings:
+    """The settings `build` makes, or exit as argparse does, naming each value refused and why."""
+    try:
+        return build()
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors()
+        )
+        parser.error(problems)
