@@ -111,9 +111,18 @@ async def test_poison_already_in_the_log_is_skipped_at_start_and_dead_lettered(
     [allocated] = decisions(events)
     assert isinstance(allocated, ClaimAllocated) and len(allocated.devices) == 8
     claims_before = skipped(CLAIMS_STREAM, "undecodable")
-    async with allocator(bus, nats_server.url):
-        # A restart replays the same poison, and still starts: the claim stays decided once.
+    # A restart that folds the whole log (no image: the first start's image holds the poison's
+    # place already) replays the same poison, and still starts: the claim stays decided once.
+    async with allocator(bus, nats_server.url, ledger_image=False):
         assert skipped(CLAIMS_STREAM, "undecodable") - claims_before == 3
         await bus.publish(request(2, gpus(1)))
         events = await log_until(bus, lambda e: len(decisions(e)) == 2)
     assert [type(e).__name__ for e in decisions(events)] == ["ClaimAllocated", "ClaimFailed"]
+    claims_before = skipped(CLAIMS_STREAM, "undecodable")
+    # A restart from the ledger image the first start took folds only the log after it: the
+    # poison lies before it, and is not read again. The claims stay decided as they were.
+    async with allocator(bus, nats_server.url):
+        assert skipped(CLAIMS_STREAM, "undecodable") == claims_before
+        await bus.publish(request(3, gpus(8)))
+        events = await log_until(bus, lambda e: len(decisions(e)) == 3)
+    assert [type(e).__name__ for e in decisions(events)] == ["ClaimAllocated", "ClaimFailed", "ClaimFailed"]
