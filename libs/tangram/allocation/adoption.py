@@ -90,13 +90,13 @@ def hand_over(nodes: NodeIndex, holdings: Holdings, node_name: str, *, driver: s
     """Devices freed on the node go to the claims prepared on them while another claim held them:
     their pods run there, and the device is theirs until their node unprepares them. Handed over
     in uid order, the same whether a rebuild reads the prepare before the release or after it."""
+    if not holdings.contested:
+        return  # the common case, at every release: nothing was ever given out twice
     node = nodes.get(node_name)
     if node is None:
         return
-    for uid in holdings.on(node_name):
-        waiting = holdings.contested.get(uid)
-        if not waiting:
-            continue
+    for uid in sorted(u for u in holdings.contested if holdings.held[u].node == node_name):
+        waiting = holdings.contested[uid]
         still: list[tuple[str, str]] = []
         taken: list[AllocatedDevice] = []
         for request, name in waiting:
