@@ -86,7 +86,14 @@ def dcgm_exporter(node: Node) -> Iterator[int]:
 async def scraped(controlplane: Any, kube: Any, unique: str) -> AsyncIterator[tuple[Node, Prometheus]]:
     async with started_node(controlplane, kube, unique, decide=True) as node:
         services = ["allocator", f"discovery@{node.name}", f"partitioner@{node.name}", f"cdi@{node.name}"]
-        ports = [logged_health_port(node.cluster.service(s).log_path) for s in services]
+
+        def logged_ports() -> list[int] | None:
+            try:
+                return [logged_health_port(node.cluster.service(s).log_path) for s in services]
+            except LookupError:
+                return None  # a service still starting: the allocator is the slowest to import
+
+        ports: list[int] = await until("every service logging its health port", logged_ports)
         with dcgm_exporter(node) as dcgm:
             prometheus = Prometheus(
                 {"tangram": [f"127.0.0.1:{p}" for p in ports], "dcgm": [f"127.0.0.1:{dcgm}"]}, [RULES]

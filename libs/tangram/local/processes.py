@@ -361,12 +361,17 @@ def leading_allocator(cluster: LocalCluster) -> str | None:
 
 
 def logged_health_port(log: Path) -> int:
-    """The health port a service logged last in `log` (it picks a free one at each start)."""
+    """The health port a service logged last in `log` (it picks a free one at each start);
+    LookupError while it has logged none (it is still starting)."""
     lines = log.read_text(errors="replace").splitlines()
-    return int(
-        next(
+    port = next(
+        (
             json.loads(line)["health_port"]
             for line in reversed(lines)
             if line.startswith("{") and "health_port" in line
-        )
+        ),
+        None,
     )
+    if port is None:
+        raise LookupError(f"no health port logged in {log} yet")
+    return int(port)

@@ -404,7 +404,7 @@ class KubeChaosRun:
                         for uid in sorted(set(expected) | set(ledger))
                         if expected.get(uid) != ledger.get(uid)
                     ]
-                except (OSError, ValueError, StopIteration) as error:
+                except (OSError, ValueError, LookupError) as error:
                     differences = [f"the leader's state cannot be read: {error}"]
             if not differences or loop.time() > deadline:
                 for line in differences:
