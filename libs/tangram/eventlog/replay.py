@@ -33,6 +33,7 @@ from tangram.events import (
     admission,
     decode,
 )
+from tangram.events.positions import recorded_positions
 
 
 class Outcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -184,10 +185,7 @@ def replay(
 
 def _fold(events: OrderedLog, ledger: Ledger) -> Iterator[Stored]:
     """Folds every event the allocator folds; yields the claim requests for the caller to decide."""
-    if any(
-        isinstance(d.event, ClaimAllocated | ClaimFailed) and d.event.positions
-        for d in events.decisions.values()
-    ):
+    if any(recorded_positions(d.event) for d in events.decisions.values()):
         yield from _fold_by_positions(events, ledger)
         return
     for stored in events.events:
@@ -230,7 +228,7 @@ def _fold_by_positions(events: OrderedLog, ledger: Ledger) -> Iterator[Stored]:
     for lane in lanes.values():
         lane.sort(key=lambda stored: stored.record.seq)
     claims.sort(key=lambda stored: stored.record.seq)
-    recorded = [_positions(d) for d in events.decisions.values()] + list(released_at.values())
+    recorded = [recorded_positions(d.event) for d in events.decisions.values()] + list(released_at.values())
     reached = {stream: max((p.get(stream, 0) for p in recorded), default=0) for stream in lanes}
     cursors = dict.fromkeys(lanes, 0)
     folded: set[tuple[str, int]] = set()
@@ -248,7 +246,7 @@ def _fold_by_positions(events: OrderedLog, ledger: Ledger) -> Iterator[Stored]:
                 advance(released_at.get(uid, {}), only=INVENTORY_STREAM)
         ledger.apply(event, live=False)
 
-    def advance(positions: dict[str, int], *, only: str | None = None) -> None:
+    def advance(positions: Mapping[str, int], *, only: str | None = None) -> None:
         for stream, position in positions.items():
             if stream not in lanes or (only is not None and stream != only):
                 continue
@@ -272,18 +270,13 @@ def _fold_by_positions(events: OrderedLog, ledger: Ledger) -> Iterator[Stored]:
         event = stored.event
         if isinstance(event, ClaimRequested):
             decision = events.decision_of(event.uid, event.attempt)
-            advance(_positions(decision) if decision else {})
+            advance(recorded_positions(decision.event) if decision else {})
             yield stored
         elif not _is_recorded_decision(events, stored):
             if isinstance(event, ClaimReleased):
                 advance(released_at.get(event.uid, {}))
             ledger.apply(event, live=False)
     advance({stream: lane[-1].record.seq for stream, lane in lanes.items()})
-
-
-def _positions(decision: Stored) -> dict[str, int]:
-    """How far into each other stream the allocator had read when it made this decision."""
-    return decision.event.positions if isinstance(decision.event, ClaimAllocated | ClaimFailed) else {}
 
 
 def _is_recorded_decision(events: OrderedLog, stored: Stored) -> bool:
