@@ -27,10 +27,10 @@ from tangram.allocation import FleetState
 from tangram.allocation.image import LogMark
 from tangram.allocation.ledger import Ledger
 from tangram.bench.traces import FLEET_MIX, Arrival, build_fleet, churn_trace, claim_spec, mean_demand
-from tangram.bus import Bus, BusConfig, allocator_log_sources
+from tangram.bus import Bus, BusConfig
 from tangram.bus.declarations import node_claim_sources
 from tangram.bus.replay import collector_paused
-from tangram.eventlog.rebuild import IMAGE_STREAMS, image_bytes, rebuild_ledger, store_image
+from tangram.eventlog.rebuild import IMAGE_STREAMS, image_bytes, rebuild_ledger, replay_log, store_image
 from tangram.events import (
     CLAIMS_STREAM,
     INVENTORY_STREAM,
@@ -42,7 +42,6 @@ from tangram.events import (
     NodeInventory,
     subject_token,
 )
-from tangram.events.positions import recorded_positions
 from tangram.local.natsserver import NatsServer
 
 TARGET_EVENTS_PER_S = 50_000.0
@@ -106,8 +105,8 @@ def fold(ledger: Ledger, events: list[Event]) -> None:
 
 
 async def _replay(bus: Bus, each: Callable[[Event], object]) -> int:
-    """The allocator's own start-up replay (services/allocator rebuild reads the same sources)."""
-    return await bus.replay_into(allocator_log_sources(), each, reach=recorded_positions)
+    """The allocator's own start-up replay of the whole log (`eventlog.rebuild.replay_log`)."""
+    return await replay_log(bus, each)
 
 
 async def _follow_decisions(bus: Bus, decisions: int) -> int:

@@ -15,7 +15,7 @@ import nats.js.errors
 
 from tangram.allocation import DeviceClass, FleetState
 from tangram.allocation.ledger import Ledger
-from tangram.bus import Bus, allocator_consumer, allocator_log_sources, allocator_results_consumer
+from tangram.bus import Bus, allocator_consumer, allocator_results_consumer
 from tangram.chaos.config import ChaosConfig
 from tangram.chaos.faults import FAULT_KINDS
 from tangram.chaos.invariants import (
@@ -31,8 +31,8 @@ from tangram.chaos.invariants import (
 )
 from tangram.chaos.nodes import NodeView
 from tangram.chaos.workload import Observed
+from tangram.eventlog.rebuild import rebuild_ledger
 from tangram.events import CLAIMS_STREAM, DEADLETTER_STREAM, NODES_STREAM, Event
-from tangram.events.positions import recorded_positions
 from tangram.kubernetes.objects.deviceclasses import load_shipped_device_classes
 from tangram.local.processes import LocalCluster
 
@@ -156,11 +156,10 @@ class ChaosChecks:
             await asyncio.sleep(1.0)
 
     async def _replayed_ledger(self) -> dict[str, Any]:
-        ledger = Ledger(fleet=FleetState(), classes=device_classes())
-        await self.bus.replay_into(
-            allocator_log_sources(), lambda event: ledger.apply(event, live=False), reach=recorded_positions
+        rebuilt = await rebuild_ledger(
+            self.bus, lambda: Ledger(fleet=FleetState(), classes=device_classes()), use_image=False
         )
-        return ledger.snapshot()
+        return rebuilt.ledger.snapshot()
 
     def _allocator_port(self) -> int:
         port = None

@@ -25,6 +25,7 @@ from tangram.allocation.ledger import Ledger
 from tangram.bus import Bus, BusError, allocator_log_sources, is_transient
 from tangram.bus.client import StreamExtent
 from tangram.bus.declarations import IMAGE_BUCKET, IMAGE_NAME
+from tangram.bus.follow import PositionHook
 from tangram.events import CLAIMS_STREAM, INVENTORY_STREAM, NODES_STREAM, Event
 from tangram.events.positions import recorded_positions
 
@@ -81,6 +82,28 @@ async def stored_image(
     return (None, misfit) if misfit is not None else (image, None)
 
 
+async def replay_log(
+    bus: Bus,
+    each: Callable[[Event], object],
+    *,
+    on_position: PositionHook | None = None,
+    after: Mapping[str, LogMark] | None = None,
+) -> int:
+    """The allocator's log into `each`, in the rebuild's order (each decision after the node results
+    it was made having read); with `after`, only the image's streams, from past their marks."""
+    if after is None:
+        return await bus.replay_into(
+            allocator_log_sources(), each, on_position=on_position, reach=recorded_positions
+        )
+    return await bus.replay_into(
+        [source for source in allocator_log_sources() if source[0] in IMAGE_STREAMS],
+        each,
+        on_position=on_position,
+        reach=recorded_positions,
+        starts={stream: after[stream].sequence + 1 for stream in IMAGE_STREAMS},
+    )
+
+
 async def rebuild_ledger(bus: Bus, fresh: Callable[[], Ledger], *, use_image: bool = True) -> Rebuilt:
     """The ledger folded from the log: from the stored image when one fits, else whole. `fresh`
     makes an empty ledger (the allocator's classes, policy and producer). Without `use_image`,
@@ -115,17 +138,9 @@ async def rebuild_ledger(bus: Bus, fresh: Callable[[], Ledger], *, use_image: bo
             if INVENTORY_STREAM in read:
                 ledger.folded(INVENTORY_STREAM, read[INVENTORY_STREAM])
     if image is None:
-        count = await bus.replay_into(
-            allocator_log_sources(), fold, on_position=folded, reach=recorded_positions
-        )
+        count = await replay_log(bus, fold, on_position=folded)
     else:
-        count += await bus.replay_into(
-            [source for source in allocator_log_sources() if source[0] in IMAGE_STREAMS],
-            fold,
-            on_position=folded,
-            reach=recorded_positions,
-            starts={stream: image.log[stream].sequence + 1 for stream in IMAGE_STREAMS},
-        )
+        count += await replay_log(bus, fold, on_position=folded, after=image.log)
     # What the replays read, and at least all the streams held when the rebuild began.
     marks = {
         stream: LogMark(sequence=max(extent.last_seq, read.get(stream, 0)), created=extent.created)
