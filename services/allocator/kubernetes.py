@@ -446,7 +446,7 @@ class ClaimBridge:
         uid = uid_of(claim)
         kind = classify(claim, self._view.classes)
         if kind == "deleting":
-            await self._release(claim_ref(claim))
+            await self._release(claim_ref(claim), deleted=True)
         elif kind == "allocated":
             await self._writer.adopt(claim)
         elif before is not None and allocation_of(before) is not None and self._requester.knows(uid):
@@ -463,10 +463,10 @@ class ClaimBridge:
             await self._writer.write_allocation(claim, held, uid_of(claim))
 
     async def _claim_gone(self, claim: dict[str, Any]) -> None:
-        await self._release(claim_ref(claim))
+        await self._release(claim_ref(claim), deleted=True)
 
-    async def _release(self, ref: ClaimRef) -> None:
-        released = self._requester.release(ref)
+    async def _release(self, ref: ClaimRef, *, deleted: bool = False) -> None:
+        released = self._requester.release(ref, deleted=deleted)
         if released is not None:
             self._writer.forget_warning(ref.uid)
             await self._publish(released)
@@ -474,7 +474,7 @@ class ClaimBridge:
     async def _resync(self) -> None:
         """After the first listing as leader: claims the ledger holds that were deleted meanwhile."""
         for ref in self._requester.gone_while_away():
-            await self._release(ref)
+            await self._release(ref, deleted=True)
         await self._preemptions.resume()
 
     # --- pods ---------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import yaml
@@ -20,6 +21,7 @@ from tangram.allocation.ledger import Ledger
 from tangram.bus import BusError, is_transient
 from tangram.eventlog.rebuild import Rebuilt, image_bytes, rebuild_ledger, store_image
 from tangram.events import CLAIMS_STREAM
+from tangram.events.deletions import DeletedClaims
 from tangram.kubernetes.objects.deviceclasses import load_shipped_device_classes
 from tangram.service import ServiceContext
 
@@ -54,6 +56,7 @@ def _fresh(ctx: ServiceContext, settings: AllocatorSettings) -> Callable[[], Led
             classes=load_device_classes(settings.device_classes),
             policy=settings.policy,
             producer=ctx.bus.config.producer,
+            deleted=DeletedClaims(timedelta(seconds=settings.forget_deleted_after_s)),
         )
 
     return fresh

@@ -75,6 +75,8 @@ class ClaimRequester:
         self._attempts: dict[str, int] = {}  # uid -> the attempt it is to be asked with
         self._keys: dict[str, Key] = {}  # uid -> (namespace, name) of the claims asked about
         self._released: set[str] = set()
+        # released as deleted, until the ledger has read it so (it holds them until it forgets them)
+        self._deleted: dict[str, None] = {}
         self._reasked: set[str] = set()  # released, then asked again for a pod that waits for it
         # The fleet's nodes when last looked at: taken whatever waits, so that a change is one
         # (were it taken only while claims wait, the first inventory after a failure would look
@@ -150,27 +152,46 @@ class ClaimRequester:
         attempt = max(self._ledger.attempts.get(uid, 0), self._requested.get(uid, 0)) + 1
         self.enqueue(claim, attempt)
 
-    def release(self, ref: ClaimRef) -> ClaimReleased | None:
-        """The release to publish for a claim the ledger knows, once; None when there is none."""
-        if ref.uid in self._released or ref.uid in self._ledger.released:
+    def release(self, ref: ClaimRef, *, deleted: bool = False) -> ClaimReleased | None:
+        """The release to publish for a claim the ledger knows, once, and once more when a claim
+        released (deallocated) is then deleted; None when there is none. Once deleted, the claim
+        is forgotten here: it is never asked again."""
+        uid = ref.uid
+        released = uid in self._released or uid in self._ledger.released
+        if uid in self._deleted or uid in self._ledger.deleted:
             return None
-        if not self.knows(ref.uid):
+        if (released and not deleted) or not (released or self.knows(uid)):
             return None
-        self._released.add(ref.uid)
-        self._reasked.discard(ref.uid)
-        self._pending.discard(ref.uid)
-        self._unfit.pop(ref.uid, None)
-        self.asker.discard(ref.uid)
-        attempt = max(self._ledger.attempts.get(ref.uid, 0), self._requested.get(ref.uid, 0))
-        return claim_released(ref, producer=self._producer, attempt=attempt)
+        attempt = max(self._ledger.attempts.get(uid, 0), self._requested.get(uid, 0))
+        self.asker.discard(uid)
+        for held in (self._released, self._reasked, self._pending):
+            held.discard(uid)
+        self._unfit.pop(uid, None)
+        if deleted:
+            self._forget_read_deletions()
+            self._deleted[uid] = None
+            for asked in (self._requested, self._attempts, self._keys):
+                asked.pop(uid, None)
+            self._known.discard(uid)
+        else:
+            self._released.add(uid)
+        return claim_released(ref, producer=self._producer, attempt=attempt, deleted=deleted)
+
+    def _forget_read_deletions(self) -> None:
+        """The ledger reads the releases in the order they were sent: the oldest ones it holds
+        as deleted need no remembering here."""
+        for uid in list(self._deleted):
+            if uid not in self._ledger.deleted:
+                break
+            del self._deleted[uid]
 
     def gone_while_away(self) -> Iterator[ClaimRef]:
         """The claims the ledger holds that are no longer listed (deleted before this allocator
         led), each judged as the caller comes to it."""
         present = {uid_of(c) for c in self._view.claims.values()}
         for uid in sorted(set(self._ledger.decided) | set(self._ledger.outside)):
-            if uid in present or uid in self._ledger.released:
-                continue
+            if uid in present or uid in self._ledger.deleted:
+                continue  # released as deleted already (a claim only deallocated is released again)
             namespace, name = self._ledger.claims.get(uid, ("", ""))
             yield ClaimRef(namespace=namespace, name=name, uid=uid)
 

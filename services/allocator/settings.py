@@ -29,6 +29,9 @@ class AllocatorSettings(ServiceSettings):
     # background) this often, once the claims stream has grown by this many events since it
     image_every_s: float = Field(default=600.0, gt=0)
     image_after_events: int = Field(default=20_000, ge=1)
+    # A deleted claim is forgotten this long after its release (by the claims stream's clock). At
+    # least 5 minutes: resends of what came before the deletion are de-duplicated for 2.
+    forget_deleted_after_s: float = Field(default=3600.0, ge=300)
 
 
 def parse_settings(argv: list[str] | None = None) -> AllocatorSettings:
@@ -75,6 +78,13 @@ def parse_settings(argv: list[str] | None = None) -> AllocatorSettings:
         default=env("TANGRAM_IMAGE_AFTER_EVENTS", "20000"),
         help="claim events logged since the image that have it taken again (env TANGRAM_IMAGE_AFTER_EVENTS)",
     )
+    parser.add_argument(
+        "--forget-deleted-after",
+        type=float,
+        default=env("TANGRAM_FORGET_DELETED_AFTER_S", "3600"),
+        help="seconds after its deletion that a claim is forgotten; at least 300 "
+        "(env TANGRAM_FORGET_DELETED_AFTER_S)",
+    )
     args = parser.parse_args(argv)
     return validated(
         parser,
@@ -89,5 +99,6 @@ def parse_settings(argv: list[str] | None = None) -> AllocatorSettings:
             ledger_image=args.ledger_image,
             image_every_s=args.image_every,
             image_after_events=args.image_after_events,
+            forget_deleted_after_s=args.forget_deleted_after,
         ),
     )

@@ -11,11 +11,12 @@ import asyncio
 import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import msgspec
 
 from tangram.allocation import FleetState
+from tangram.allocation.image import LedgerImage, restored_ledger
 from tangram.allocation.ledger import Ledger
 from tangram.bus.replay import fold_lanes
 from tangram.events import (
@@ -36,6 +37,7 @@ from tangram.events import (
     PartitionRequested,
     PreparedDevice,
 )
+from tangram.events.deletions import DeletedClaims
 from tangram.events.positions import recorded_positions
 
 from .helpers import CLASSES, applied, gpus, inventory, mig, request
@@ -48,6 +50,10 @@ INVENTORIES = [
 SPECS = [gpus(1), gpus(2), gpus(4), gpus(8), mig("1g.18gb"), mig("2g.35gb"), mig("3g.71gb"), mig("1g.12gb")]
 SPEC_WEIGHTS = (6, 3, 2, 1, 8, 4, 3, 2)
 EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+# The claim source's clock moves a minute with each of its events, and a deleted claim is forgotten
+# ten minutes after its release: long histories forget claims, and ask and release others between.
+TICK = timedelta(minutes=1)
+FORGET_AFTER = timedelta(minutes=10)
 
 
 def untimed(events: list[Event]) -> list[Event]:
@@ -64,11 +70,16 @@ def fresh_fleet() -> FleetState:
 
 
 def fresh_ledger() -> Ledger:
-    book = Ledger(fleet=FleetState(), classes=CLASSES)
+    book = Ledger(fleet=FleetState(), classes=CLASSES, deleted=DeletedClaims(FORGET_AFTER))
     for seq, event in enumerate(INVENTORIES, 1):
         book.folded(INVENTORY_STREAM, seq)
         book.apply(event, live=False)
     return book
+
+
+def restored_from(image: LedgerImage) -> Ledger:
+    """The ledger of the image over the inventories, forgetting deleted claims as fresh_ledger's."""
+    return restored_ledger(image, fleet=fresh_fleet(), classes=CLASSES, forget_after=FORGET_AFTER)
 
 
 async def _lane(events: list[Event], start: int) -> AsyncIterator[tuple[int, Event]]:
@@ -128,6 +139,7 @@ class Driver:
         self.outside: list[ClaimPrepared] = []
         self.next = 0
         self.instances = 0
+        self.clock = EPOCH
 
     def step(self) -> None:
         rng = self.rng
@@ -139,7 +151,9 @@ class Driver:
             uid = rng.choice(sorted(self.asked))
             ask = self.asked.pop(uid)
             self.released.append(uid)
-            self.read(CLAIMS_STREAM, ClaimReleased(key=uid, namespace=ask.namespace, name=ask.name, uid=uid))
+            self.read(CLAIMS_STREAM, ClaimReleased(
+                key=uid, namespace=ask.namespace, name=ask.name, uid=uid, deleted=_deleted(uid)
+            ))  # fmt: skip
         elif choice == "answer" and self.pending:
             command = self.pending.pop(rng.choice(sorted(self.pending)))
             self.read(NODES_STREAM, self.answer(command))
@@ -151,9 +165,9 @@ class Driver:
             self.read(CLAIMS_STREAM, later)
         elif choice == "redeliver" and self.released:
             uid = rng.choice(self.released)
-            self.read(
-                CLAIMS_STREAM, ClaimReleased(key=uid, namespace="team", name=f"claim-{uid[-4:]}", uid=uid)
-            )
+            self.read(CLAIMS_STREAM, ClaimReleased(
+                key=uid, namespace="team", name=f"claim-{uid[-4:]}", uid=uid, deleted=_deleted(uid)
+            ))  # fmt: skip
         elif choice == "gang":
             self.gang()
         elif choice == "prepared":
@@ -224,6 +238,9 @@ class Driver:
 
     def read(self, stream: str, event: Event) -> None:
         run = self.run
+        if isinstance(event, ClaimRequested | ClaimReleased):
+            self.clock += TICK
+            event = msgspec.structs.replace(event, time=self.clock)
         log = run.claims if stream == CLAIMS_STREAM else run.nodes
         log.append(event)
         run.inputs.append((stream, len(log), event))
@@ -236,6 +253,12 @@ class Driver:
             elif isinstance(output, ClaimAllocated | ClaimFailed | ClaimPreempting):
                 run.claims.append(output)
         run.marks.append((len(run.claims), len(run.nodes)))
+
+
+def _deleted(uid: str) -> bool:
+    """Every other claim is deleted when released (the rest only deallocated), chosen without the
+    random stream so that a seed's history stays the one it was."""
+    return int(uid[-1]) % 2 == 0
 
 
 def commands_and_decisions(outputs: list[Event]) -> tuple[list[tuple[str, str, str]], list[Event]]:

@@ -44,6 +44,7 @@ from .histories import (
     fresh_fleet,
     fresh_ledger,
     replayed,
+    restored_from,
     uid_of,
     untimed,
 )
@@ -51,7 +52,7 @@ from .histories import (
 
 def restored(data: bytes, run: Run, image_mark: int, restart_mark: int) -> Ledger:
     """The ledger of the image, with the log from the image's place to the restart folded onto it."""
-    book = restored_ledger(decode_image(data), fleet=fresh_fleet(), classes=CLASSES)
+    book = restored_from(decode_image(data))
     # the inventory stream is folded whole at every rebuild: its position is the stream's now
     book.folded(INVENTORY_STREAM, len(INVENTORIES))
     claims_at, nodes_at = run.marks[image_mark]
@@ -147,9 +148,7 @@ def test_an_image_of_a_rebuilt_ledger_restores_one_that_decides_on_exactly_as_it
     restart_mark = int(restart_at * len(run.inputs))
     claims_end, nodes_end = run.marks[restart_mark]
     rebuilt = replayed(run.claims[:claims_end], run.nodes[:nodes_end])
-    again = restored_ledger(
-        decode_image(encode_image(image_of(rebuilt))), fleet=fresh_fleet(), classes=CLASSES
-    )
+    again = restored_from(decode_image(encode_image(image_of(rebuilt))))
     assert again.snapshot() == rebuilt.snapshot()
     go_on(again, rebuilt, run, restart_mark)
     assert again.snapshot() == rebuilt.snapshot()
@@ -189,12 +188,10 @@ def test_an_image_without_its_demand_mix_would_decide_differently() -> None:
         live.apply(event)
     image = image_of(live)
     assert image.fleet.demand.kinds
-    whole = restored_ledger(decode_image(encode_image(image)), fleet=fresh_fleet(), classes=CLASSES)
+    whole = restored_from(decode_image(encode_image(image)))
     empty = msgspec.structs.replace(image.fleet.demand, kinds=[], growth=1.0, ticks=0)
-    forgetful = restored_ledger(
-        msgspec.structs.replace(image, fleet=msgspec.structs.replace(image.fleet, demand=empty)),
-        fleet=fresh_fleet(),
-        classes=CLASSES,
+    forgetful = restored_from(
+        msgspec.structs.replace(image, fleet=msgspec.structs.replace(image.fleet, demand=empty))
     )
     assert forgetful.snapshot() == whole.snapshot() == live.snapshot()
     differ = 0
@@ -211,11 +208,9 @@ def test_an_image_without_what_was_decided_and_released_would_decide_a_redeliver
     assert of(ClaimAllocated, live.apply(asked))
     live.apply(ClaimReleased(key=asked.uid, namespace="team", name=asked.name, uid=asked.uid))
     image = image_of(live)
-    book = restored_ledger(decode_image(encode_image(image)), fleet=fresh_fleet(), classes=CLASSES)
+    book = restored_from(decode_image(encode_image(image)))
     assert book.apply(asked) == []  # redelivered: decided once, and released since
-    amnesiac = restored_ledger(
-        msgspec.structs.replace(image, decided={}, released=[]), fleet=fresh_fleet(), classes=CLASSES
-    )
+    amnesiac = restored_from(msgspec.structs.replace(image, decided={}, released=[]))
     assert of(ClaimAllocated, amnesiac.apply(asked))
 
 
@@ -224,11 +219,9 @@ def test_a_failed_claim_asked_again_with_the_same_attempt_is_not_decided_again_a
     asked = request(1, gpus(9))  # no node has nine GPUs
     assert of(ClaimFailed, live.apply(msgspec.structs.replace(asked, attempt=2)))
     image = image_of(live)
-    book = restored_ledger(decode_image(encode_image(image)), fleet=fresh_fleet(), classes=CLASSES)
+    book = restored_from(decode_image(encode_image(image)))
     assert book.apply(msgspec.structs.replace(asked, attempt=1)) == []
-    amnesiac = restored_ledger(
-        msgspec.structs.replace(image, attempts={}), fleet=fresh_fleet(), classes=CLASSES
-    )
+    amnesiac = restored_from(msgspec.structs.replace(image, attempts={}))
     assert of(ClaimFailed, amnesiac.apply(msgspec.structs.replace(asked, attempt=1)))
 
 

@@ -15,7 +15,7 @@ from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
 from services.allocator.kubernetes import ClaimBridge
 from tangram.allocation import DeviceClass, FleetState
 from tangram.allocation.ledger import Ledger
-from tangram.events import ClaimAllocated, ClaimFailed, ClaimRequested, Event
+from tangram.events import ClaimAllocated, ClaimFailed, ClaimReleased, ClaimRequested, Event
 from tangram.kubernetes.api import KubeApiError, call, call_json
 from tangram.kubernetes.objects.claimbridge import claim_adopted, claim_requested
 from tangram.kubernetes.objects.deviceclasses import load_shipped_device_classes
@@ -360,3 +360,34 @@ async def test_an_allocation_crossed_by_another_writers_stands_once_a_pod_uses_i
     assert (await setup.read("mine"))["status"]["allocation"] is not None
     [adopted] = [e for e in setup.published if isinstance(e, ClaimRequested)]
     assert adopted.uid == failed.uid and adopted.allocation is not None
+
+
+async def test_a_claim_deallocated_then_deleted_is_released_again_as_deleted(setup: Setup) -> None:
+    """A deallocation releases the claim; its deletion, seen later, releases it again as deleted
+    (an event of its own, so the bus keeps both), and only once: the allocator forgets only the
+    claims that can never be asked again."""
+    ns = setup.namespace
+    kept = await setup.claim("deallocated-first")
+    gone = await setup.claim("deleted-at-once")
+    for claim in (kept, gone):
+        device = setup.decide(claim).devices[0].device
+        written = await setup.allocated_by_another(await setup.read(claim["metadata"]["name"]), device)
+        await setup.bridge._claim_changed("MODIFIED", written)
+    allocated = await setup.read("deallocated-first")
+    allocated["status"] = {}
+    deallocated = await call_json(
+        "deallocate",
+        setup.resource.replace_namespaced_resource_claim_status(
+            "deallocated-first", ns, allocated, _preload_content=False
+        ),
+    )
+    await setup.bridge._claim_changed("MODIFIED", deallocated)
+    for name in ("deallocated-first", "deleted-at-once"):
+        last = await setup.read(name)
+        await call("delete claim", setup.resource.delete_namespaced_resource_claim(name, ns))
+        await setup.bridge._claim_changed("DELETED", last)
+        await setup.bridge._claim_changed("DELETED", last)  # seen twice (a relist): released once
+    releases = [(e.name, e.deleted) for e in setup.published if isinstance(e, ClaimReleased)]
+    assert releases == [("deallocated-first", False), ("deallocated-first", True), ("deleted-at-once", True)]
+    ids = [e.event_id for e in setup.published if isinstance(e, ClaimReleased)]
+    assert len(set(ids)) == 3

@@ -274,6 +274,11 @@ class FleetState:
             self._noted.discard(claim_uid)
         self._last_note = None
 
+    def forget(self, claim_uid: str) -> None:
+        """The claim is gone for good (deleted, and not held): it is no longer remembered as
+        counted in the demand mix, which only keeps a claim asked again from counting twice."""
+        self._noted.discard(claim_uid)
+
     def note_demand(self, claim: Claim, classes: Mapping[str, DeviceClass]) -> None:
         """Count a claim read from the log in the demand mix, as allocate() did when it was live.
 

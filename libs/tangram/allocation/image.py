@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Mapping
+from datetime import datetime, timedelta
 from typing import Annotated
 
 import msgspec
@@ -32,6 +33,7 @@ from tangram.cel import CelError, compile_selector
 from tangram.dra.imex import ImexChannel
 from tangram.events import ClaimRequested, PartitionRequested
 from tangram.events.attempts import SlotAttempts
+from tangram.events.deletions import FORGET_DELETED_AFTER, DeletedClaims
 
 
 class ImageError(ValueError):
@@ -170,6 +172,7 @@ class LedgerImage(_Image, frozen=True, kw_only=True, forbid_unknown_fields=True)
     gang_holds: list[GangHoldImage]
     domain_members: dict[str, list[str]]
     slot_attempts: list[SlotAttemptsImage]  # in the order the slots were first closed
+    forgetting: list[tuple[datetime, str]]  # deleted claims to forget: (release time, uid), in order
     fleet: FleetImage
 
 
@@ -260,6 +263,7 @@ def image_of(ledger: Ledger, log: Mapping[str, LogMark] | None = None) -> Ledger
             SlotAttemptsImage(claim_uid=uid, gpu_uuid=gpu_uuid, start=start, closed=closed)
             for (uid, gpu_uuid, start), closed in ledger.slot_attempts.saved()
         ],
+        forgetting=ledger.deleted.saved(),
         fleet=_fleet_image(ledger.fleet),
     )
 
@@ -344,6 +348,7 @@ def restored_ledger(
     classes: Mapping[str, DeviceClass],
     policy: Policy = "tangram",
     producer: str = "allocator",
+    forget_after: timedelta = FORGET_DELETED_AFTER,
 ) -> Ledger:
     """The ledger the image was taken of, over `fleet`: a fleet holding nothing yet, with the
     nodes' current inventories applied (the rebuild folds the inventory stream whole first)."""
@@ -361,11 +366,16 @@ def restored_ledger(
         raise
     except (ValueError, CelError) as error:
         raise ImageError(f"the ledger image cannot be restored: {error}") from None
+    commands_of: dict[str, list[str]] = {}
+    for command_id, uid in image.commands.items():
+        commands_of.setdefault(uid, []).append(command_id)
     return Ledger(
         fleet=fleet,
         classes=classes,
         policy=policy,
         producer=producer,
+        deleted=DeletedClaims(forget_after, image.forgetting),
+        _commands_of=commands_of,
         decided=dict(image.decided),
         released=set(image.released),
         claims=dict(image.claims),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import msgspec
@@ -49,6 +50,7 @@ from tangram.events import (
     subject_token,
 )
 from tangram.events.attempts import SlotAttempts
+from tangram.events.deletions import DeletedClaims
 from tangram.events.ids import derived_id, numbered_id
 
 
@@ -98,6 +100,11 @@ class Ledger(Commanding, Reserving, Grouping):
     _domain_members: dict[str, set[str]] = field(default_factory=dict)  # domain -> claim uids
     # which command of a claim for a MIG slot is current, as its node counts it (events.attempts)
     slot_attempts: SlotAttempts = field(default_factory=SlotAttempts)
+    # Deleted claims, forgotten a while after their release (by the claims stream's clock, so a
+    # rebuild forgets at exactly the events the live ledger did): what the ledger holds grows with
+    # the claims that exist, not with every claim ever decided.
+    deleted: DeletedClaims = field(default_factory=DeletedClaims)
+    _commands_of: dict[str, list[str]] = field(default_factory=dict)  # claim uid -> its create commands
 
     def folded(self, stream: str, sequence: int) -> None:
         """The event about to be folded is at `sequence` of `stream` (decisions record it, for replay).
@@ -132,6 +139,10 @@ class Ledger(Commanding, Reserving, Grouping):
         self.apply(event, live=False)
 
     def apply(self, event: Event, *, live: bool = True) -> list[Event]:
+        if isinstance(event, ClaimRequested | ClaimReleased) and self.deleted.waiting():
+            # The clock is the claim source's events alone: the live allocator reads those, and
+            # not its own decisions, which a rebuild folds besides.
+            self._forget_deleted(event.time)
         match event:
             case NodeInventory(hardware=hardware):
                 self.fleet.apply_inventory(hardware)
@@ -195,6 +206,7 @@ class Ledger(Commanding, Reserving, Grouping):
                 # Allocated by another writer and adopted: its node destroys what it made for it.
                 del self.outside[uid]
                 self.released.add(uid)
+                self.deleted.note(event)
                 if live:
                     self.fleet.release(uid, destroy_mig=False)
                 else:
@@ -205,6 +217,7 @@ class Ledger(Commanding, Reserving, Grouping):
                 self._undecided.pop(uid, None)
                 self.reservations.pop(uid, None)
                 self.priorities.pop(uid, None)
+                self.deleted.note(event)  # a claim deallocated first is released again when deleted
                 if uid in self.released:
                     # Sent again, not decided again: the partitioner runs each command once.
                     return list(self.unanswered_destroys.get(uid, {}).values()) if live else []
@@ -245,6 +258,31 @@ class Ledger(Commanding, Reserving, Grouping):
             case _:
                 pass
         return []
+
+    def _note_command(self, uid: str, command_id: str) -> None:
+        if self.commands.get(command_id) != uid:
+            self.commands[command_id] = uid
+            self._commands_of.setdefault(uid, []).append(command_id)
+
+    def _forget_deleted(self, now: datetime) -> None:
+        """Forget the claims deleted long enough before `now` that nothing about them can arrive
+        any more but a stale copy: a claim forgotten would be decided if asked again, which a
+        deleted claim never is."""
+        for uid in self.deleted.due(now):
+            if uid not in self.released or uid in self.outside or self.fleet.allocation(uid) is not None:
+                continue  # asked again after its release after all: it is not gone
+            self.released.discard(uid)
+            self.decided.pop(uid, None)
+            self.claims.pop(uid, None)
+            self.attempts.pop(uid, None)
+            self.priorities.pop(uid, None)
+            self._undecided.pop(uid, None)
+            for command_id in self._commands_of.pop(uid, ()):
+                self.commands.pop(command_id, None)
+                self.command_nodes.pop(command_id, None)
+                self.created.pop(command_id, None)
+            self.slot_attempts.forget(uid)
+            self.fleet.forget(uid)
 
     def _note_decided(self, uid: str, *, counted: bool) -> None:
         # A decision that counts nothing leaves the request to the next: a claim of a group of pods
@@ -342,7 +380,7 @@ class Ledger(Commanding, Reserving, Grouping):
         ]
         by_slot: dict[tuple[int, MigPlacement | None], str] = {}
         for command in commands:
-            self.commands[command.command_id] = request.uid
+            self._note_command(request.uid, command.command_id)
             self.command_nodes[command.command_id] = command.key
             # A whole GPU's device has no placement: its disable-mig command is found by GPU alone.
             slot = None if command.action == "disable-mig" else command.placement
@@ -382,8 +420,8 @@ class Ledger(Commanding, Reserving, Grouping):
         """The claim fails with what went wrong, and the ledger holds nothing for it."""
         self.fleet.release(request.uid, destroy_mig=False)
         self.fleet.uncount(request.uid)  # a failure inside is not demand, as a rebuild reads it
-        for command_id in [c for c, uid in self.commands.items() if uid == request.uid]:
-            del self.commands[command_id]
+        for command_id in self._commands_of.pop(request.uid, ()):
+            self.commands.pop(command_id, None)
             self.command_nodes.pop(command_id, None)
         self.decided[request.uid] = "failed"
         return [
@@ -406,7 +444,7 @@ class Ledger(Commanding, Reserving, Grouping):
         self.attempts[event.uid] = max(self.attempts.get(event.uid, 0), event.attempt)
         self.claims[event.uid] = (event.namespace, event.name)
         for command_id in event.partitions:
-            self.commands[command_id] = event.uid
+            self._note_command(event.uid, command_id)
             self.command_nodes[command_id] = subject_token(event.node)
         if event.uid not in self.released:
             self.fleet.adopt(

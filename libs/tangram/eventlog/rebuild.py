@@ -131,6 +131,7 @@ async def rebuild_ledger(bus: Bus, fresh: Callable[[], Ledger], *, use_image: bo
                 classes=ledger.classes,
                 policy=ledger.policy,
                 producer=ledger.producer,
+                forget_after=ledger.deleted.after,
             )
         except ImageError as error:
             image, set_aside, count, ledger = None, str(error), 0, fresh()

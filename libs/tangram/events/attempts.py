@@ -26,6 +26,7 @@ _LOOKED_BACK = 64
 class SlotAttempts:
     def __init__(self) -> None:
         self._closed: Counter[Slot] = Counter()
+        self._slots_of: dict[str, list[Slot]] = {}  # claim uid -> its slots counted
 
     def observe(self, result: PartitionApplied | PartitionFailed) -> None:
         """Count the result if it closes an attempt: a destroy done, a create or disable-mig failed."""
@@ -35,7 +36,17 @@ class SlotAttempts:
             result.action == "destroy" if isinstance(result, PartitionApplied) else result.action != "destroy"
         )
         if closes:
-            self._closed[(result.claim_uid, result.gpu_uuid, result.placement.start)] += 1
+            self._count((result.claim_uid, result.gpu_uuid, result.placement.start), 1)
+
+    def _count(self, slot: Slot, closed: int) -> None:
+        if slot not in self._closed:
+            self._slots_of.setdefault(slot[0], []).append(slot)
+        self._closed[slot] += closed
+
+    def forget(self, claim_uid: str) -> None:
+        """Drop the claim's counts: it is gone for good (deleted), never to be commanded again."""
+        for slot in self._slots_of.pop(claim_uid, ()):
+            del self._closed[slot]
 
     def saved(self) -> list[tuple[Slot, int]]:
         """The counts, each slot's with it, in the order the slots were first closed: what a
@@ -46,8 +57,8 @@ class SlotAttempts:
     def restore(cls, saved: list[tuple[Slot, int]]) -> SlotAttempts:
         """The counts `saved` returned."""
         attempts = cls()
-        for (claim_uid, gpu_uuid, start), closed in saved:
-            attempts._closed[(claim_uid, gpu_uuid, start)] = closed
+        for slot, closed in saved:
+            attempts._count(slot, closed)
         return attempts
 
     def current(self, claim_uid: str, gpu_uuid: str, start: int) -> int:

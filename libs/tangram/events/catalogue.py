@@ -189,6 +189,9 @@ class ClaimReleased(Event, tag="claim.released", frozen=True, kw_only=True):
     namespace: str
     name: str
     uid: str
+    # The ResourceClaim itself is gone (deleted), not only deallocated: its uid is never asked
+    # again, so the allocator forgets it once nothing sent before the deletion can still arrive.
+    deleted: bool = False
 
 
 # create/destroy: one MIG GPU instance (and its compute instance) at a placement. disable-mig: turn

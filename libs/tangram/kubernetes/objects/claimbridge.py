@@ -154,16 +154,18 @@ def claim_adopted(
     )
 
 
-def claim_released(ref: ClaimRef, *, producer: str, attempt: int = 0) -> ClaimReleased:
+def claim_released(ref: ClaimRef, *, producer: str, attempt: int = 0, deleted: bool = False) -> ClaimReleased:
     """The release of the claim as decided at `attempt` (a claim deallocated and used again is
-    asked, and released, again with a later attempt)."""
+    asked, and released, again with a later attempt); `deleted` when the claim itself is gone, an
+    event of its own (a claim deallocated, then deleted, is released twice)."""
     return ClaimReleased(
         key=ref.uid,
-        event_id=derived_id("claim-released", ref.uid, attempt),
+        event_id=derived_id("claim-deleted" if deleted else "claim-released", ref.uid, attempt),
         producer=producer,
         namespace=ref.namespace,
         name=ref.name,
         uid=ref.uid,
+        deleted=deleted,
     )
 
 
