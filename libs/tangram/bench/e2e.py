@@ -155,7 +155,7 @@ class Run:
             self.outcomes["ready"] += 1
         await kubelet.unprepare([handle])
         await self.bus.publish(
-            ClaimReleased(key=uid, producer="bench", namespace=NAMESPACE, name=name, uid=uid)
+            ClaimReleased(key=uid, producer="bench", namespace=NAMESPACE, name=name, uid=uid, deleted=True)
         )
 
 

@@ -1,7 +1,10 @@
 """`tangram bench rebuild`: the allocator's cold restart, its state folded again from the JetStream log.
 
 The log is made the way production makes it: node inventories, then claim requests decided by a
-live Ledger, its decisions and some releases, all published to an embedded nats-server. A fresh
+live Ledger, its decisions and the claims' deletions (one request or deletion every
+`--claim-event-every` seconds, so that deleted claims are forgotten as they are in production), and
+on the nodes stream its partition commands, each carried out at once, all published to an embedded
+nats-server. A fresh
 Ledger then folds the inventory stream and the claims stream in that order (as the allocator
 service's `rebuild` does). Three figures: the fold alone (events already decoded in memory),
 replay + fold, and the bus floor (replay without folding). Then a restart from a ledger image taken
@@ -19,9 +22,13 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from tangram.allocation import FleetState
 from tangram.allocation.image import LogMark
@@ -29,22 +36,27 @@ from tangram.allocation.ledger import Ledger
 from tangram.bench.traces import FLEET_MIX, Arrival, build_fleet, churn_trace, claim_spec, mean_demand
 from tangram.bus import Bus, BusConfig
 from tangram.bus.declarations import node_claim_sources
-from tangram.bus.replay import collector_paused
+from tangram.bus.replay import collector_paused, fold_lanes
 from tangram.eventlog.rebuild import IMAGE_STREAMS, image_bytes, rebuild_ledger, replay_log, store_image
 from tangram.events import (
     CLAIMS_STREAM,
     INVENTORY_STREAM,
+    NODES_STREAM,
     ClaimAllocated,
     ClaimFailed,
     ClaimReleased,
     ClaimRequested,
     Event,
     NodeInventory,
+    PartitionApplied,
+    PartitionRequested,
     subject_token,
 )
+from tangram.events.positions import recorded_positions
 from tangram.local.natsserver import NatsServer
 
 TARGET_EVENTS_PER_S = 50_000.0
+LOG_START = datetime(2026, 1, 1, tzinfo=UTC)
 CHUNK = 1000
 FOLLOW_TIMEOUT_S = 600.0
 
@@ -62,12 +74,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.9,
         help="share of the claims log the ledger image was taken at, for the restart from it",
     )
+    parser.add_argument(
+        "--claim-event-every",
+        type=float,
+        default=30.0,
+        help="seconds between two claim requests or deletions in the log (the claim source's clock: "
+        "a deleted claim is forgotten an hour after its deletion)",
+    )
+
+
+@dataclass
+class BenchLog:
+    """The allocator's log as production writes it, and the live ledger that wrote it."""
+
+    inventory: list[Event]
+    claims: list[Event]  # the claims stream: requests and deletions, and the decisions on them
+    nodes: list[Event]  # the nodes stream: partition commands, each answered at once by its node
+    # after each event of the claims stream, how long the nodes stream was: where an image taken
+    # there stands in it
+    nodes_at: list[int]
+    live: Ledger
+
+    def results(self, up_to: int) -> list[tuple[int, Event]]:
+        """The nodes stream's results (what the allocator reads of it) up to `up_to`, by sequence."""
+        return [
+            (seq, event)
+            for seq, event in enumerate(self.nodes[:up_to], 1)
+            if not isinstance(event, PartitionRequested)
+        ]
 
 
 def make_log(
-    machine: str, nodes: int, claims: int, seed: int, load: float
-) -> tuple[list[Event], list[Event], Ledger]:
-    """(inventory events, claims-stream events, the live Ledger that decided them)."""
+    machine: str, nodes: int, claims: int, seed: int, load: float, *, every_s: float = 30.0
+) -> BenchLog:
+    """The log of a churn of `claims` claims on `nodes` nodes of `machine`, deleted when they end,
+    one request or deletion every `every_s` seconds; every partition command is carried out."""
     from tangram.bench.traces import shipped_classes  # noqa: PLC0415
 
     hardware = build_fleet([(machine, nodes)])
@@ -79,22 +120,50 @@ def make_log(
     for inventory_event in inventory:
         live.observe(inventory_event)
     gpus = sum(len(hw.gpus) for hw in hardware)
-    log: list[Event] = []
+    log = BenchLog(inventory=inventory, claims=[], nodes=[], nodes_at=[], live=live)
     specs: dict[str, dict[str, Any]] = {}
-    for op in churn_trace(seed, claims, load * gpus / mean_demand(FLEET_MIX), FLEET_MIX):
+    made = 0
+    for n, op in enumerate(churn_trace(seed, claims, load * gpus / mean_demand(FLEET_MIX), FLEET_MIX)):
+        at = LOG_START + timedelta(seconds=n * every_s)
         if isinstance(op, Arrival):
             spec = specs.setdefault(op.shape.label, claim_spec(op.shape))
             event: Event = ClaimRequested(
-                key=op.uid, producer="controller", namespace="bench", name=op.uid, uid=op.uid, spec=spec
-            )
+                key=op.uid, producer="controller", namespace="bench", name=op.uid, uid=op.uid,
+                spec=spec, time=at,
+            )  # fmt: skip
         else:
             event = ClaimReleased(
-                key=op.uid, producer="controller", namespace="bench", name=op.uid, uid=op.uid
-            )
-        log.append(event)
-        # Partition commands go to the per-node stream, which the allocator does not replay.
-        log.extend(e for e in live.apply(event) if e.stream == CLAIMS_STREAM)
-    return inventory, log, live
+                key=op.uid, producer="controller", namespace="bench", name=op.uid, uid=op.uid,
+                deleted=True, time=at,
+            )  # fmt: skip
+        outputs = live.apply(event)
+        for decided in [event, *(e for e in outputs if e.stream == CLAIMS_STREAM)]:
+            log.claims.append(decided)
+            log.nodes_at.append(len(log.nodes))
+        commands = [e for e in outputs if isinstance(e, PartitionRequested)]
+        log.nodes.extend(commands)
+        for command in commands:
+            made += command.action == "create"
+            result = _carried_out(command, f"MIG-bench-{made}" if command.action == "create" else "")
+            log.nodes.append(result)
+            live.folded(NODES_STREAM, len(log.nodes))
+            live.apply(result)
+    return log
+
+
+def _carried_out(command: PartitionRequested, made: str) -> PartitionApplied:
+    """The node's answer: the command done (a create naming the instance it made)."""
+    return PartitionApplied(
+        key=command.key, producer="partitioner", command_id=command.command_id, node=command.node,
+        action=command.action, gpu_uuid=command.gpu_uuid, gpu_index=command.gpu_index,
+        profile=command.profile, placement=command.placement, claim_uid=command.claim_uid,
+        mig_uuid=made or command.mig_uuid,
+    )  # fmt: skip
+
+
+def _kept(event: Event) -> Event:
+    """The event as a source that never deletes its claims would have sent it."""
+    return msgspec.structs.replace(event, deleted=False) if isinstance(event, ClaimReleased) else event
 
 
 def fold(ledger: Ledger, events: list[Event]) -> None:
@@ -136,27 +205,52 @@ def _rate(events: int, seconds: float) -> float:
     return round(events / seconds, 1) if seconds > 0 else 0.0
 
 
-async def _from_image(
-    bus: Bus, inventory: list[Event], log: list[Event], live: Ledger, image_at: float
-) -> dict[str, Any]:
+async def _lane(events: list[tuple[int, Event]]) -> AsyncIterator[tuple[int, Event]]:
+    for sequence, event in events:
+        yield sequence, event
+
+
+def _folded_in_order(log: BenchLog, claims: int, nodes: int, *, keep_every_claim: bool = False) -> Ledger:
+    """A ledger of the inventories and the first `claims` and `nodes` events of the two streams,
+    folded in the rebuild's order: what a start that rebuilt there held."""
+    from tangram.bench.traces import shipped_classes  # noqa: PLC0415
+
+    ledger = Ledger(FleetState(), shipped_classes())
+    fold(ledger, log.inventory)
+    claims_lane = [(seq, _kept(e) if keep_every_claim else e) for seq, e in enumerate(log.claims[:claims], 1)]
+    with collector_paused():
+        asyncio.run(
+            fold_lanes(
+                [(CLAIMS_STREAM, _lane(claims_lane)), (NODES_STREAM, _lane(log.results(nodes)))],
+                lambda event: ledger.apply(event, live=False),
+                on_position=ledger.folded,
+                reach=recorded_positions,
+            )
+        )
+    return ledger
+
+
+async def _from_image(bus: Bus, log: BenchLog, image_at: float) -> dict[str, Any]:
     """A restart from the image a start wrote when the log was `image_at` of what it is now: the
     image's ledger is the fold of the log up to there, as that start rebuilt it."""
     from tangram.bench.traces import shipped_classes  # noqa: PLC0415
 
     classes = shipped_classes()
-    taken = int(len(log) * image_at)
-    imaged = Ledger(FleetState(), classes)
-    fold(imaged, inventory)
-    fold(imaged, log[:taken])
+    taken = int(len(log.claims) * image_at)
+    nodes = log.nodes_at[taken - 1] if taken else 0
+    # folded apart from the event loop, as the allocator takes its image
+    imaged = await asyncio.to_thread(_folded_in_order, log, taken, nodes)
     marks = {}
     for stream in IMAGE_STREAMS:
         extent = await bus.stream_extent(stream)
-        marks[stream] = LogMark(
-            sequence=taken if stream == CLAIMS_STREAM else extent.last_seq, created=extent.created
-        )
+        sequence = {CLAIMS_STREAM: taken, NODES_STREAM: nodes}.get(stream, extent.last_seq)
+        marks[stream] = LogMark(sequence=sequence, created=extent.created)
     started = time.perf_counter()
     data = image_bytes(imaged, marks)
     take_s = time.perf_counter() - started
+    # the same image had the ledger kept every claim it ever decided (none of them deleted)
+    keeping = await asyncio.to_thread(_folded_in_order, log, taken, nodes, keep_every_claim=True)
+    kept_bytes = len(image_bytes(keeping, marks))
     started = time.perf_counter()
     await store_image(bus, data)
     write_s = time.perf_counter() - started
@@ -165,25 +259,35 @@ async def _from_image(
     rebuild_s = time.perf_counter() - started
     if not rebuilt.from_image:
         raise ValueError(f"the image was not restored: {rebuilt.set_aside}")
-    total = len(inventory) + len(log)
+    total = len(log.inventory) + len(log.claims) + len(log.results(len(log.nodes)))
     return {
         "image_at": image_at,
         "image_bytes": len(data),
+        "claims_remembered": len(imaged.decided),
+        "image_bytes_keeping_every_claim": kept_bytes,
+        "claims_remembered_keeping_every_claim": len(keeping.decided),
+        "image_ratio_to_keeping": round(len(data) / kept_bytes, 3) if kept_bytes else None,
         "take_seconds": round(take_s, 3),
         "store_seconds": round(write_s, 3),
         "rebuild_seconds": round(rebuild_s, 3),
         "events_folded": rebuilt.events,
+        # what the log holds after the image, the inventories folded whole besides
+        "log_after_image": {
+            "claims": len(log.claims) - taken,
+            "node_results": len(log.results(len(log.nodes))) - len(log.results(nodes)),
+        },
         "log_events_per_s": _rate(total, rebuild_s),
-        "state_matches_live": rebuilt.ledger.fleet.snapshot() == live.fleet.snapshot()
-        and rebuilt.ledger.decided == live.decided,
+        "state_matches_live": rebuilt.ledger.fleet.snapshot() == log.live.fleet.snapshot()
+        and rebuilt.ledger.decided == log.live.decided,
     }
 
 
-async def _measure(bus: Bus, inventory: list[Event], log: list[Event], live: Ledger) -> dict[str, Any]:
+async def _measure(bus: Bus, log: BenchLog) -> dict[str, Any]:
     from tangram.bench.traces import shipped_classes  # noqa: PLC0415
 
+    live = log.live
     started = time.perf_counter()
-    for events in (inventory, log):
+    for events in (log.inventory, log.claims, log.nodes):
         for offset in range(0, len(events), CHUNK):
             await bus.publish_batch(events[offset : offset + CHUNK])
     publish_s = time.perf_counter() - started
@@ -205,28 +309,28 @@ async def _measure(bus: Bus, inventory: list[Event], log: list[Event], live: Led
     fold(alone, [e for e in decoded if e.stream == INVENTORY_STREAM])
     inventory_fold_s = time.perf_counter() - started
     started = time.perf_counter()
-    fold(alone, [e for e in decoded if e.stream == CLAIMS_STREAM])
+    fold(alone, [e for e in decoded if e.stream != INVENTORY_STREAM])  # in the rebuild's order
     claims_fold_s = time.perf_counter() - started
     fold_s = inventory_fold_s + claims_fold_s
 
-    decisions = sum(isinstance(e, ClaimAllocated | ClaimFailed | ClaimReleased) for e in log)
+    decisions = sum(isinstance(e, ClaimAllocated | ClaimFailed | ClaimReleased) for e in log.claims)
     started = time.perf_counter()
     followed = await _follow_decisions(bus, decisions)
     follow_s = time.perf_counter() - started
 
-    total = len(inventory) + len(log)
+    total = replay_events
     follow_rate = _rate(followed, follow_s)
     fold_rate = _rate(total, fold_s)
     replay_rate = _rate(replay_events, replay_fold_s)
     floor_rate = _rate(floor_events, floor_s)
     return {
-        "published_events_per_s": _rate(total, publish_s),
+        "published_events_per_s": _rate(len(log.inventory) + len(log.claims) + len(log.nodes), publish_s),
         "replayed_events": replay_events,
         "fold": {
             "events_per_s": fold_rate,
             "seconds": round(fold_s, 3),
-            "inventory_events_per_s": _rate(len(inventory), inventory_fold_s),
-            "claims_events_per_s": _rate(len(log), claims_fold_s),
+            "inventory_events_per_s": _rate(len(log.inventory), inventory_fold_s),
+            "claims_events_per_s": _rate(total - len(log.inventory), claims_fold_s),
         },
         "replay_and_fold": {"events_per_s": replay_rate, "seconds": round(replay_fold_s, 3)},
         "bus_floor": {"events_per_s": floor_rate, "seconds": round(floor_s, 3)},
@@ -248,10 +352,16 @@ async def _measure(bus: Bus, inventory: list[Event], log: list[Event], live: Led
 
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
-    inventory, log, live = make_log(args.machine, args.nodes, args.claims, args.seed, args.load)
+    log = make_log(
+        args.machine, args.nodes, args.claims, args.seed, args.load, every_s=args.claim_event_every
+    )
     counts = {
-        kind.__name__: sum(isinstance(e, kind) for e in log)
+        kind.__name__: sum(isinstance(e, kind) for e in log.claims)
         for kind in (ClaimRequested, ClaimAllocated, ClaimFailed, ClaimReleased)
+    }
+    nodes_counts = {
+        kind.__name__: sum(isinstance(e, kind) for e in log.nodes)
+        for kind in (PartitionRequested, PartitionApplied)
     }
     with tempfile.TemporaryDirectory(prefix="tangram-bench-") as store:
         server = None if args.nats_url else NatsServer(Path(store)).start()
@@ -260,8 +370,8 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             bus = await Bus.connect(BusConfig(servers=(url,), name="bench-rebuild", producer="allocator"))
             try:
                 await bus.ensure_streams()
-                figures = await _measure(bus, inventory, log, live)
-                figures["from_image"] = await _from_image(bus, inventory, log, live, args.image_at)
+                figures = await _measure(bus, log)
+                figures["from_image"] = await _from_image(bus, log, args.image_at)
             finally:
                 await bus.close()
         finally:
@@ -273,17 +383,30 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         "nodes": args.nodes,
         "claims": args.claims,
         "seed": args.seed,
-        "events": {"NodeInventory": len(inventory), **counts, "total": len(inventory) + len(log)},
+        "claim_event_every_s": args.claim_event_every,
+        "events": {
+            "NodeInventory": len(log.inventory),
+            **counts,
+            **nodes_counts,
+            # what the allocator replays: all but the partition commands, which it sends and never reads
+            "total": len(log.inventory) + len(log.claims) + nodes_counts["PartitionApplied"],
+        },
         "target_events_per_s": TARGET_EVENTS_PER_S,
         **figures,
     }
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.claims < 1 or args.nodes < 1 or not 0 < args.load <= 2 or not 0 <= args.image_at <= 1:
+    if (
+        args.claims < 1
+        or args.nodes < 1
+        or not 0 < args.load <= 2
+        or not 0 <= args.image_at <= 1
+        or args.claim_event_every <= 0
+    ):
         print(
-            "tangram bench rebuild: --claims and --nodes must be positive, --load in (0, 2], "
-            "--image-at in [0, 1]",
+            "tangram bench rebuild: --claims, --nodes and --claim-event-every must be positive, "
+            "--load in (0, 2], --image-at in [0, 1]",
             file=sys.stderr,
         )
         return 2

@@ -194,6 +194,7 @@ class Driver:
                 namespace=held.claim.namespace,
                 name=held.claim.name,
                 uid=held.uid,
+                deleted=True,  # a demo claim is never asked again
             )
         )
         self.outcomes["released"] += 1
