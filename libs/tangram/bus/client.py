@@ -28,7 +28,7 @@ from tangram.bus import publish as publishing
 from tangram.bus import replay as history
 from tangram.bus import streams as declare
 from tangram.bus.config import BusConfig, TokenFile, connection_user
-from tangram.bus.connection import Link, dial, renew_before_expiry
+from tangram.bus.connection import Link, dial, renew_before_expiry, setup_retry_s
 from tangram.bus.consume import Handler
 from tangram.bus.declarations import (
     KEY_VALUES,
@@ -214,9 +214,26 @@ class Bus:
         skipped: a start-up that stops at one bad event of the log would stop at it again on every
         restart.
         """
-        return await history.replay_into(
-            self._link, sources, each, on_position=on_position, reach=reach, starts=starts
-        )
+        if reach is None or len(sources) < 2:
+            return await history.replay_into(
+                [self._link], sources, each, on_position=on_position, reach=reach, starts=starts
+            )
+        # Streams read at once each get a connection of their own: a push consumer may leave 32 MB
+        # unanswered by flow control, and two on one connection fill the 64 MB a server buffers
+        # for a client that is slow to read (a fold), which it then drops as a slow consumer.
+        others = [await Bus.connect(self.config, wait_s=setup_retry_s(self._link)) for _ in sources[1:]]
+        try:
+            return await history.replay_into(
+                [self._link, *(bus._link for bus in others)],
+                sources,
+                each,
+                on_position=on_position,
+                reach=reach,
+                starts=starts,
+            )
+        finally:
+            for bus in others:
+                await bus.close()
 
     async def follow(
         self,

@@ -22,6 +22,14 @@ from tangram.bus.lanes import Delivery
 from tangram.bus.metrics import SKIPPED
 from tangram.events import Event, EventDecodeError, admission, decode
 
+# A replay read slower than the server pushes (a fold, or a lane waiting while another is folded)
+# answers no flow control past this many messages delivered and not yet read: the server pauses
+# the consumer instead of filling the connection until it drops it as a slow consumer.
+BACKLOG = 2_000
+# ... and lets the event loop run every this many messages it hands out, so that the connection
+# is read (and flow control answered) while its reader folds.
+YIELD_EVERY = 64
+
 log = logging.getLogger("tangram.bus")
 
 
@@ -76,11 +84,15 @@ async def replay_messages(
     # message would cost more than the rest of the replay.
     arrived: list[Msg] = []
     more = asyncio.Event()
+    held_back: list[str] = []  # flow control left unanswered while the reader is behind
 
     async def deliver(msg: Msg) -> None:
         if not msg.data and msg.headers and msg.headers.get("Status") == "100":
             if msg.reply:  # flow control asks for an answer; idle heartbeats do not
-                await nc.publish(msg.reply, b"")
+                if len(arrived) >= BACKLOG:
+                    held_back.append(msg.reply)
+                else:
+                    await nc.publish(msg.reply, b"")
             return
         arrived.append(msg)
         more.set()
@@ -119,7 +131,12 @@ async def replay_messages(
                 except TimeoutError as exc:
                     raise BusError(f"replay of {stream} stalled: nothing delivered for 30 s") from exc
             batch, arrived[:] = list(arrived), []
-            for msg in batch:
+            for reply in held_back:
+                await nc.publish(reply, b"")
+            held_back.clear()
+            for handed, msg in enumerate(batch, 1):
+                if not handed % YIELD_EVERY:
+                    await asyncio.sleep(0)
                 delivery = Delivery.of(msg)
                 if delivery.consumer != consumer.name:
                     continue  # an earlier attempt's consumer, created after all
@@ -186,7 +203,7 @@ Lane = tuple[str, AsyncIterator[tuple[int, Event]]]
 
 
 async def replay_into(
-    link: Link,
+    links: Sequence[Link],
     sources: Sequence[tuple[str, Sequence[str]]],
     each: Callable[[Event], object],
     *,
@@ -195,14 +212,20 @@ async def replay_into(
     starts: Mapping[str, int] | None = None,
 ) -> int:
     """Replay each (stream, subjects) in turn into `each`, from the sequence `starts` names for it
-    (else the first); returns how many events it saw.
+    (else the first); returns how many events it saw. Each source is read through the link at its
+    place in `links`, else the last one.
 
     With `reach`, an event that says how far its writer had read a stream replayed after its own
     has that stream's events up to there replayed before it (`fold_lanes`).
     """
     lanes = [
-        (stream, replay(link, stream, subjects=subjects, start_seq=(starts or {}).get(stream)))
-        for stream, subjects in sources
+        (
+            stream,
+            replay(
+                links[min(i, len(links) - 1)], stream, subjects=subjects, start_seq=(starts or {}).get(stream)
+            ),
+        )
+        for i, (stream, subjects) in enumerate(sources)
     ]
     return await fold_lanes(lanes, each, on_position=on_position, reach=reach)
 
