@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tangram.bus import Bus, BusConfig
+from tangram.bus import Bus
 from tangram.bus.declarations import allocator_log_sources
 from tangram.events import CLAIMS_STREAM, NODES_STREAM, ClaimRequested, ClaimUnprepared, Event
 from tangram.local.natsserver import NatsServer
@@ -24,9 +24,9 @@ FOLD_S = 0.0003  # the fold of one event, about a large ledger's
 
 
 @pytest.fixture
-def tight_server() -> Iterator[NatsServer]:
+def nats_server() -> Iterator[NatsServer]:
     """A nats-server that buffers at most 8 MB for a connection, as the default 64 MB is to two
-    replays of a year's log."""
+    replays of a year's log (the `bus` fixture connects to it)."""
     with tempfile.TemporaryDirectory(prefix="tangram-nats-") as root:
         config = Path(root) / "nats.conf"
         config.write_text("max_pending: 8MB\n")
@@ -35,16 +35,6 @@ def tight_server() -> Iterator[NatsServer]:
             yield server
         finally:
             server.stop()
-
-
-@pytest.fixture
-async def tight_bus(tight_server: NatsServer) -> AsyncIterator[Bus]:
-    bus = await Bus.connect(BusConfig(servers=(tight_server.url,), name="test", producer="test"), wait_s=30)
-    await bus.ensure_streams()
-    try:
-        yield bus
-    finally:
-        await bus.close()
 
 
 def asked(n: int) -> ClaimRequested:
@@ -71,12 +61,12 @@ def slow_fold(folded: list[Event]) -> object:
 
 @pytest.mark.timeout(120)
 async def test_two_lanes_folded_slower_than_delivered_are_read_whole_on_one_connection(
-    tight_bus: Bus, tight_server: NatsServer
+    bus: Bus, nats_server: NatsServer
 ) -> None:
     for offset in range(0, CLAIMS, 500):
-        await tight_bus.publish_batch([asked(n) for n in range(offset, offset + 500)])
+        await bus.publish_batch([asked(n) for n in range(offset, offset + 500)])
     for offset in range(0, RESULTS, 500):
-        await tight_bus.publish_batch([unprepared(n) for n in range(offset, offset + 500)])
+        await bus.publish_batch([unprepared(n) for n in range(offset, offset + 500)])
     folded: list[Event] = []
 
     def reach(event: Event) -> dict[str, int]:
@@ -84,7 +74,7 @@ async def test_two_lanes_folded_slower_than_delivered_are_read_whole_on_one_conn
         number = int(event.key[-12:]) if event.stream == CLAIMS_STREAM else 0
         return {NODES_STREAM: number * RESULTS // CLAIMS}
 
-    count = await tight_bus.replay_into(allocator_log_sources(), slow_fold(folded), reach=reach)
+    count = await bus.replay_into(allocator_log_sources(), slow_fold(folded), reach=reach)
     assert count == CLAIMS + RESULTS
     assert [e.key for e in folded if e.stream == CLAIMS_STREAM] == [asked(n).key for n in range(CLAIMS)]
-    assert not [line for line in tight_server.log if "Slow Consumer" in line]
+    assert not [line for line in nats_server.log if "Slow Consumer" in line]
