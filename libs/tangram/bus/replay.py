@@ -124,6 +124,11 @@ async def replay_messages(
         if consumer.num_pending == 0 and not whole:
             return
         while True:
+            if held_back and len(arrived) < BACKLOG:
+                # answered once what came before it has been handed out, not when it arrives
+                for reply in held_back:
+                    await nc.publish(reply, b"")
+                held_back.clear()
             if not arrived:
                 more.clear()
                 try:
@@ -131,9 +136,6 @@ async def replay_messages(
                 except TimeoutError as exc:
                     raise BusError(f"replay of {stream} stalled: nothing delivered for 30 s") from exc
             batch, arrived[:] = list(arrived), []
-            for reply in held_back:
-                await nc.publish(reply, b"")
-            held_back.clear()
             for handed, msg in enumerate(batch, 1):
                 if not handed % YIELD_EVERY:
                     await asyncio.sleep(0)
