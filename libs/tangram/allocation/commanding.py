@@ -39,6 +39,21 @@ class Commanding:
     _destroy_claims: dict[str, str]  # destroy command id -> claim uid
     _destroys_at: dict[tuple[str, str, int], set[str]]  # (node, GPU uuid, start) -> destroys there
     slot_attempts: SlotAttempts
+    _commands_of: dict[str, list[str]]  # claim uid -> its create commands
+
+    def _note_command(self, uid: str, command_id: str, node: str) -> None:
+        """The claim's create (or disable-mig) command, sent to `node` (its subject token)."""
+        if self.commands.get(command_id) != uid:
+            self.commands[command_id] = uid
+            self._commands_of.setdefault(uid, []).append(command_id)
+        self.command_nodes[command_id] = node
+
+    def _drop_commands(self, uid: str) -> None:
+        """Forget the claim's create commands: no result of one changes anything any more."""
+        for command_id in self._commands_of.pop(uid, ()):
+            self.commands.pop(command_id, None)
+            self.command_nodes.pop(command_id, None)
+            self.created.pop(command_id, None)
 
     def unanswered(self, result: PartitionApplied | PartitionFailed) -> str | None:
         """Why a create or disable-mig result is not to be believed; None when it may be.

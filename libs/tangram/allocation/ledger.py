@@ -259,11 +259,6 @@ class Ledger(Commanding, Reserving, Grouping):
                 pass
         return []
 
-    def _note_command(self, uid: str, command_id: str) -> None:
-        if self.commands.get(command_id) != uid:
-            self.commands[command_id] = uid
-            self._commands_of.setdefault(uid, []).append(command_id)
-
     def _forget_deleted(self, now: datetime) -> None:
         """Forget the claims deleted long enough before `now` that nothing about them can arrive
         any more but a stale copy: a claim forgotten would be decided if asked again, which a
@@ -277,10 +272,7 @@ class Ledger(Commanding, Reserving, Grouping):
             self.attempts.pop(uid, None)
             self.priorities.pop(uid, None)
             self._undecided.pop(uid, None)
-            for command_id in self._commands_of.pop(uid, ()):
-                self.commands.pop(command_id, None)
-                self.command_nodes.pop(command_id, None)
-                self.created.pop(command_id, None)
+            self._drop_commands(uid)
             self.slot_attempts.forget(uid)
             self.fleet.forget(uid)
 
@@ -380,8 +372,7 @@ class Ledger(Commanding, Reserving, Grouping):
         ]
         by_slot: dict[tuple[int, MigPlacement | None], str] = {}
         for command in commands:
-            self._note_command(request.uid, command.command_id)
-            self.command_nodes[command.command_id] = command.key
+            self._note_command(request.uid, command.command_id, command.key)
             # A whole GPU's device has no placement: its disable-mig command is found by GPU alone.
             slot = None if command.action == "disable-mig" else command.placement
             by_slot[(command.gpu_index, slot)] = command.command_id
@@ -420,9 +411,7 @@ class Ledger(Commanding, Reserving, Grouping):
         """The claim fails with what went wrong, and the ledger holds nothing for it."""
         self.fleet.release(request.uid, destroy_mig=False)
         self.fleet.uncount(request.uid)  # a failure inside is not demand, as a rebuild reads it
-        for command_id in self._commands_of.pop(request.uid, ()):
-            self.commands.pop(command_id, None)
-            self.command_nodes.pop(command_id, None)
+        self._drop_commands(request.uid)
         self.decided[request.uid] = "failed"
         return [
             ClaimFailed(
@@ -444,8 +433,7 @@ class Ledger(Commanding, Reserving, Grouping):
         self.attempts[event.uid] = max(self.attempts.get(event.uid, 0), event.attempt)
         self.claims[event.uid] = (event.namespace, event.name)
         for command_id in event.partitions:
-            self._note_command(event.uid, command_id)
-            self.command_nodes[command_id] = subject_token(event.node)
+            self._note_command(event.uid, command_id, subject_token(event.node))
         if event.uid not in self.released:
             self.fleet.adopt(
                 Allocated(claim_uid=event.uid, node=event.node, devices=event.devices, config=event.config)
