@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -18,7 +17,7 @@ import msgspec
 from tangram.allocation import FleetState
 from tangram.allocation.image import LedgerImage, restored_ledger
 from tangram.allocation.ledger import Ledger
-from tangram.bus.replay import fold_lanes
+from tangram.eventlog.rebuild import fold_read
 from tangram.events import (
     CLAIMS_STREAM,
     INVENTORY_STREAM,
@@ -38,7 +37,6 @@ from tangram.events import (
     PreparedDevice,
 )
 from tangram.events.deletions import DeletedClaims
-from tangram.events.positions import recorded_positions
 
 from .helpers import CLASSES, applied, gpus, inventory, mig, request
 
@@ -82,24 +80,12 @@ def restored_from(image: LedgerImage) -> Ledger:
     return restored_ledger(image, fleet=fresh_fleet(), classes=CLASSES, forget_after=FORGET_AFTER)
 
 
-async def _lane(events: list[Event], start: int) -> AsyncIterator[tuple[int, Event]]:
-    for seq, event in enumerate(events, start):
-        yield seq, event
-
-
 def fold_in_order(
     book: Ledger, claims: list[Event], nodes: list[Event], *, starts: tuple[int, int] = (1, 1)
 ) -> None:
     """Fold stretches of the claims and nodes streams (their first events at `starts`) in the
     rebuild's order: each decision after the node results it was made having read, then the rest."""
-    asyncio.run(
-        fold_lanes(
-            [(CLAIMS_STREAM, _lane(claims, starts[0])), (NODES_STREAM, _lane(nodes, starts[1]))],
-            lambda event: book.apply(event, live=False),
-            on_position=book.folded,
-            reach=recorded_positions,
-        )
-    )
+    asyncio.run(fold_read(book, enumerate(claims, starts[0]), enumerate(nodes, starts[1])))
 
 
 def replayed(claims: list[Event], nodes: list[Event]) -> Ledger:

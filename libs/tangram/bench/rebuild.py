@@ -22,7 +22,7 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -36,8 +36,15 @@ from tangram.allocation.ledger import Ledger
 from tangram.bench.traces import FLEET_MIX, Arrival, build_fleet, churn_trace, claim_spec, mean_demand
 from tangram.bus import Bus, BusConfig
 from tangram.bus.declarations import node_claim_sources
-from tangram.bus.replay import collector_paused, fold_lanes
-from tangram.eventlog.rebuild import IMAGE_STREAMS, image_bytes, rebuild_ledger, replay_log, store_image
+from tangram.bus.replay import collector_paused
+from tangram.eventlog.rebuild import (
+    IMAGE_STREAMS,
+    fold_read,
+    image_bytes,
+    rebuild_ledger,
+    replay_log,
+    store_image,
+)
 from tangram.events import (
     CLAIMS_STREAM,
     INVENTORY_STREAM,
@@ -52,7 +59,6 @@ from tangram.events import (
     PartitionRequested,
     subject_token,
 )
-from tangram.events.positions import recorded_positions
 from tangram.local.natsserver import NatsServer
 
 TARGET_EVENTS_PER_S = 50_000.0
@@ -205,11 +211,6 @@ def _rate(events: int, seconds: float) -> float:
     return round(events / seconds, 1) if seconds > 0 else 0.0
 
 
-async def _lane(events: list[tuple[int, Event]]) -> AsyncIterator[tuple[int, Event]]:
-    for sequence, event in events:
-        yield sequence, event
-
-
 def _folded_in_order(log: BenchLog, claims: int, nodes: int, *, keep_every_claim: bool = False) -> Ledger:
     """A ledger of the inventories and the first `claims` and `nodes` events of the two streams,
     folded in the rebuild's order: what a start that rebuilt there held."""
@@ -217,16 +218,8 @@ def _folded_in_order(log: BenchLog, claims: int, nodes: int, *, keep_every_claim
 
     ledger = Ledger(FleetState(), shipped_classes())
     fold(ledger, log.inventory)
-    claims_lane = [(seq, _kept(e) if keep_every_claim else e) for seq, e in enumerate(log.claims[:claims], 1)]
-    with collector_paused():
-        asyncio.run(
-            fold_lanes(
-                [(CLAIMS_STREAM, _lane(claims_lane)), (NODES_STREAM, _lane(log.results(nodes)))],
-                lambda event: ledger.apply(event, live=False),
-                on_position=ledger.folded,
-                reach=recorded_positions,
-            )
-        )
+    claims_read = [(seq, _kept(e) if keep_every_claim else e) for seq, e in enumerate(log.claims[:claims], 1)]
+    asyncio.run(fold_read(ledger, claims_read, log.results(nodes)))
     return ledger
 
 
@@ -259,7 +252,8 @@ async def _from_image(bus: Bus, log: BenchLog, image_at: float) -> dict[str, Any
     rebuild_s = time.perf_counter() - started
     if not rebuilt.from_image:
         raise ValueError(f"the image was not restored: {rebuilt.set_aside}")
-    total = len(log.inventory) + len(log.claims) + len(log.results(len(log.nodes)))
+    results = len(log.results(len(log.nodes)))
+    total = len(log.inventory) + len(log.claims) + results
     return {
         "image_at": image_at,
         "image_bytes": len(data),
@@ -274,7 +268,7 @@ async def _from_image(bus: Bus, log: BenchLog, image_at: float) -> dict[str, Any
         # what the log holds after the image, the inventories folded whole besides
         "log_after_image": {
             "claims": len(log.claims) - taken,
-            "node_results": len(log.results(len(log.nodes))) - len(log.results(nodes)),
+            "node_results": results - len(log.results(nodes)),
         },
         "log_events_per_s": _rate(total, rebuild_s),
         "state_matches_live": rebuilt.ledger.fleet.snapshot() == log.live.fleet.snapshot()

@@ -9,7 +9,7 @@ gone) is set aside, with the reason, for the whole log.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from tangram.allocation.image import (
@@ -26,6 +26,7 @@ from tangram.bus import Bus, BusError, allocator_log_sources, is_transient
 from tangram.bus.client import StreamExtent
 from tangram.bus.declarations import IMAGE_BUCKET, IMAGE_NAME
 from tangram.bus.follow import PositionHook
+from tangram.bus.replay import fold_lanes
 from tangram.events import CLAIMS_STREAM, INVENTORY_STREAM, NODES_STREAM, Event
 from tangram.events.positions import recorded_positions
 
@@ -102,6 +103,25 @@ async def replay_log(
         reach=recorded_positions,
         starts={stream: after[stream].sequence + 1 for stream in IMAGE_STREAMS},
     )
+
+
+async def fold_read(
+    ledger: Ledger, claims: Iterable[tuple[int, Event]], nodes: Iterable[tuple[int, Event]]
+) -> int:
+    """Fold stretches of the claims and nodes streams already read, as (sequence, event), in the
+    rebuild's order (each decision after the node results it was made having read, then the rest):
+    the ledger a rebuild from those stretches holds. Returns how many events were folded."""
+    return await fold_lanes(
+        [(CLAIMS_STREAM, _listed(claims)), (NODES_STREAM, _listed(nodes))],
+        lambda event: ledger.apply(event, live=False),
+        on_position=ledger.folded,
+        reach=recorded_positions,
+    )
+
+
+async def _listed(events: Iterable[tuple[int, Event]]) -> AsyncIterator[tuple[int, Event]]:
+    for item in events:
+        yield item
 
 
 async def rebuild_ledger(bus: Bus, fresh: Callable[[], Ledger], *, use_image: bool = True) -> Rebuilt:
