@@ -180,10 +180,11 @@ class ClaimRequester:
     def _forget_read_deletions(self) -> None:
         """The ledger reads the releases in the order they were sent: the oldest ones it holds
         as deleted need no remembering here."""
-        for uid in list(self._deleted):
-            if uid not in self._ledger.deleted:
+        while self._deleted:
+            oldest = next(iter(self._deleted))
+            if oldest not in self._ledger.deleted:
                 break
-            del self._deleted[uid]
+            del self._deleted[oldest]
 
     def gone_while_away(self) -> Iterator[ClaimRef]:
         """The claims the ledger holds that are no longer listed (deleted before this allocator
