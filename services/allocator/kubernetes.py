@@ -150,7 +150,7 @@ class ClaimBridge:
             request_timeout_s=request_timeout_s,
         )
         # the decisions to act on, in the allocator's order (or an answer's own failure)
-        self._queue: asyncio.Queue[tuple[Event, list[Event]] | Exception] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[Event, list[Event], bool] | Exception] = asyncio.Queue()
         self.synced = asyncio.Event()  # every kind listed once and the resync done
 
     # --- what the bridge has seen ---------------------------------------------------------------
@@ -207,9 +207,10 @@ class ClaimBridge:
 
     # --- the allocator's decisions --------------------------------------------------------------
 
-    def notice(self, event: Event, outputs: list[Event]) -> None:
-        """An event the allocator handled and what it produced (called in the consumer's order)."""
-        self._queue.put_nowait((event, outputs))
+    def notice(self, event: Event, outputs: list[Event], *, frees: bool = False) -> None:
+        """An event the allocator handled and what it produced (called in the consumer's order);
+        `frees`: a release that freed capacity (`Ledger.frees_capacity`, asked before the fold)."""
+        self._queue.put_nowait((event, outputs, frees))
 
     async def _answer(self, stop: asyncio.Event) -> None:
         """Act on the decisions as they come, up to `max_writes` at once: each is a write or two
@@ -223,15 +224,17 @@ class ClaimBridge:
                 item = await self._queue.get()
                 if isinstance(item, Exception):
                     raise item  # an answer failed other than by the API server refusing: ours
-                event, outputs = item
+                event, outputs, frees = item
                 if (
-                    isinstance(event, ClaimReleased)
+                    (isinstance(event, ClaimReleased) and frees)
                     or (isinstance(event, PartitionApplied) and event.action == "destroy")
                     or (isinstance(event, ClaimRequested) and event.allocation is not None and outputs)
                 ):
                     # capacity freed, or a claim decided again after another writer's allocation:
                     # asked again once the answers before it are acted on (a failure not yet
-                    # recorded would not be asked again)
+                    # recorded would not be asked again). A release that freed nothing (a claim
+                    # that had failed, or was held on a node not of this fleet) asks nothing again:
+                    # every claim waiting for capacity would be decided again for nothing.
                     retry = asyncio.create_task(self._retry_after(list(running)))
                     running.add(retry)
                     retry.add_done_callback(running.discard)

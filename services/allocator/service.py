@@ -28,6 +28,7 @@ from tangram.events import (
     INVENTORY_STREAM,
     ClaimAllocated,
     ClaimFailed,
+    ClaimReleased,
     ClaimRequested,
     Event,
     FailureCause,
@@ -177,6 +178,7 @@ async def _serve(
             if unanswered is not None:
                 raise Poison(unanswered)
         started = time.perf_counter()
+        frees = isinstance(event, ClaimReleased) and ledger.frees_capacity(event.uid)
         outputs = ledger.apply(event)
         waiting.observe(event, outputs)
         if isinstance(event, ClaimRequested) and event.allocation is None and outputs:
@@ -196,7 +198,7 @@ async def _serve(
                     extra={"claim": f"{output.namespace}/{output.name}", "reason": output.reason},
                 )
         if bridge is not None:
-            bridge.notice(event, outputs)
+            bridge.notice(event, outputs, frees=frees)
 
     def observe_inventory(event: Event) -> None:
         ledger.observe(event)

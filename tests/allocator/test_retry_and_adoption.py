@@ -42,6 +42,24 @@ def test_a_failed_claim_is_decided_again_only_when_asked_with_a_later_attempt() 
     assert book.apply(again(waiting, 3)) == []  # allocated: never decided again
 
 
+def test_only_a_release_of_a_claim_that_holds_devices_of_the_fleet_frees_capacity() -> None:
+    """What the Kubernetes bridge asks before it asks every claim waiting for capacity again."""
+    book = ledger()
+    holder, waiting = request(1, gpus(7)), request(2, gpus(2))
+    elsewhere, unknown = request(3, gpus(1)), request(4, gpus(1))
+    assert [type(e) for e in book.apply(holder)] == [ClaimAllocated]
+    assert [type(e) for e in book.apply(waiting)] == [ClaimFailed]
+    book.apply(adopted(elsewhere, allocation("gpu-0", node="gone-node")))  # a node not of this fleet
+    book.apply(adopted(unknown, allocation("gpu-7")))
+    assert book.frees_capacity(holder.uid)
+    assert book.frees_capacity(unknown.uid)  # the eighth GPU of n1, taken by another writer
+    assert not book.frees_capacity(waiting.uid)
+    assert not book.frees_capacity(elsewhere.uid)
+    assert not book.frees_capacity("never-asked")
+    book.apply(released(holder))
+    assert not book.frees_capacity(holder.uid)  # released already
+
+
 def _log(events: list[Event]) -> EventLog:
     records: list[LogRecord] = []
     sequences: dict[str, int] = {}

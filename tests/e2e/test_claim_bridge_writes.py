@@ -245,6 +245,41 @@ async def test_only_the_claims_that_freed_capacity_may_help_are_asked_again(setu
     assert asked_again() == {"waiting", "too-big"}
 
 
+async def test_a_release_that_freed_nothing_asks_no_claim_again(setup: Setup) -> None:
+    """Every claim waiting for capacity is asked again when a release frees some, never for the
+    release of a claim that held nothing (one that had failed, or was allocated on a node not of
+    this fleet): deleting many such claims would have each of them decide every waiting claim again."""
+    holder = await setup.claim("holder", count=setup.ledger.fleet.metrics().free_gpus)
+    setup.decide(holder)
+    waiting = await setup.claim("waiting")
+    failed = setup.refuse(waiting)
+    setup.bridge.claims[(setup.namespace, "waiting")] = waiting
+    await setup.bridge._failed(failed)
+    retries: list[str] = []
+    bridge_retry = setup.bridge._retry_pending
+    setup.bridge._retry_pending = lambda: (retries.append("retry"), bridge_retry())  # type: ignore[method-assign]
+
+    def release(claim: dict[str, Any]) -> ClaimReleased:
+        meta = claim["metadata"]
+        return ClaimReleased(key=meta["uid"], uid=meta["uid"], namespace=setup.namespace, name=meta["name"])
+
+    assert not setup.ledger.frees_capacity(waiting["metadata"]["uid"])
+    assert setup.ledger.frees_capacity(holder["metadata"]["uid"])
+    stop = asyncio.Event()
+    answering = asyncio.create_task(setup.bridge._answer(stop))
+    try:
+        setup.bridge.notice(release(waiting), [], frees=False)
+        # a retry waits for every answer noticed before it, the first release's retry included
+        setup.bridge.notice(release(holder), [], frees=True)
+        await until("the release of the holder asks again", lambda: bool(retries), 30)
+    finally:
+        stop.set()
+        answering.cancel()
+        await asyncio.gather(answering, return_exceptions=True)
+    assert retries == ["retry"]
+    assert setup.bridge._asker.waiting(waiting["metadata"]["uid"])
+
+
 async def test_decisions_are_written_concurrently_and_each_claims_answers_in_order(setup: Setup) -> None:
     """Hundreds of pods arriving together must not wait for each other's round trips: the first
     write is held until a second one has started (sequential writes would never release it)."""

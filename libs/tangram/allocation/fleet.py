@@ -419,6 +419,11 @@ class FleetState:
         held = self._holdings.get(claim_uid)
         return held.decision if held else None
 
+    def holds_on_a_node(self, claim_uid: str) -> bool:
+        """The claim holds devices on a node of the fleet (not only on one not seen yet, or gone)."""
+        held = self._holdings.get(claim_uid)
+        return held is not None and held.node in self._nodes.by_name
+
     def name_devices(self, claim_uid: str, devices: list[AllocatedDevice]) -> None:
         """Name the held claim's devices as its allocation does (with their partition commands)."""
         self._holdings.name_devices(claim_uid, devices)
