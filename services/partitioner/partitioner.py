@@ -238,10 +238,11 @@ class Partitioner:
 
     async def _create(self, command: PartitionRequested, slot: _GpuSlot, started: float) -> PartitionResult:
         uid = command.claim_uid
-        if uid and not await self._awaited_decision(uid, command.command_id):
+        if uid and not await self._awaited_decision(uid, command):
             raise PartitionError(
                 f"claim {uid} is decided without command {command.command_id} (sent before the "
-                "allocator restarted and decided again) or has ended: nothing is created"
+                "allocator restarted and decided again), has ended, or may have ended and been "
+                "forgotten (the command is older than a deleted claim forgotten since): nothing is created"
             )
         for attempt in range(2):
             async with slot.lock:
@@ -425,20 +426,21 @@ class Partitioner:
                     extra={"claim": claim_uid, "for": why, "waited_s": round(warned - waited, 1)},
                 )
 
-    def _decided_with(self, claim_uid: str, command_id: str) -> bool:
+    def _decided_with(self, claim_uid: str, command: PartitionRequested) -> bool:
         """The claim's decision, as this node has read it, names the command (or the claim is the
-        node's own, decided outside the allocator, and has not ended)."""
+        node's own, decided outside the allocator, and has not ended: nor, the command being older
+        than a claim forgotten since, may it have ended and been forgotten)."""
         allocation = self.ledger.allocation(claim_uid)
         if allocation is not None:
-            return command_id in allocation.partitions
-        return not self.ledger.has_ended(claim_uid)
+            return command.command_id in allocation.partitions
+        return not self.ledger.has_ended(claim_uid) and not self.ledger.may_have_forgotten(command.time)
 
-    async def _awaited_decision(self, claim_uid: str, command_id: str) -> bool:
+    async def _awaited_decision(self, claim_uid: str, command: PartitionRequested) -> bool:
         """Whether the claim is decided with the command, its decision waited for a moment: the
         command and the decision come on different streams, and a claim that failed once (for
         capacity, or while its preemption went on) is decided again with the command on its way."""
         deadline = time.monotonic() + self._claim_release_wait_s
-        while not self._decided_with(claim_uid, command_id):
+        while not self._decided_with(claim_uid, command):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False

@@ -1,9 +1,20 @@
 """What the log says about one node's MIG instances: command outcomes, instances Tangram created,
-instances kept warm, and the live claims that own instances. Folded from events; no I/O."""
+instances kept warm, and the live claims that own instances. Folded from events; no I/O.
+
+What it keeps grows with the node's instances and live claims (and the claims the allocator
+placed on it), not with every claim and command ever seen: a claim deleted is forgotten
+`forget_after` past its deletion, by the time of the releases folded (`DeletedClaims`), and a
+command's outcome `forget_after` past it, by the time of this node's results folded. Both clocks
+are events of the log, so a rebuild forgets as the live fold did. A command is delivered again
+only until it is acknowledged, which its outcome precedes; one delivered later than that (its node
+down for longer) runs again, and creates and destroys are idempotent on the GPU. A create older
+than a claim forgotten since is never run (`may_have_forgotten`).
+"""
 
 from __future__ import annotations
 
 from collections import Counter
+from datetime import datetime, timedelta
 
 from tangram.events import (
     ClaimAllocated,
@@ -15,6 +26,7 @@ from tangram.events import (
     PartitionApplied,
     PartitionFailed,
 )
+from tangram.events.deletions import FORGET_DELETED_AFTER, DeletedClaims
 from tangram.partitioning.model import InstanceKey
 
 PartitionResult = PartitionApplied | PartitionFailed
@@ -26,9 +38,10 @@ def kept_warm(event: PartitionApplied) -> bool:
 
 
 class PartitionLedger:
-    def __init__(self, node: str) -> None:
+    def __init__(self, node: str, *, forget_after: timedelta = FORGET_DELETED_AFTER) -> None:
         self.node = node
-        self._outcomes: dict[str, PartitionResult] = {}
+        self.forget_after = forget_after
+        self._outcomes: dict[str, PartitionResult] = {}  # by command, in the order they were folded
         self._created: dict[InstanceKey, PartitionApplied] = {}  # by Tangram, not destroyed since
         self._warm: dict[InstanceKey, PartitionApplied] = {}
         self._claims: dict[str, ClaimAllocated] = {}  # live allocations on this node
@@ -39,14 +52,20 @@ class PartitionLedger:
         # Claims prepared on this node that the allocator did not decide (kube-scheduler did): live
         # from their prepare to their unprepare, as the log of this node's kubelet plugin says.
         self._prepared: set[str] = set()
-        self._decided: set[str] = set()  # every claim the allocator allocated on this node
+        # The claims the allocator allocated on this node, kept: a node's prepares are read apart
+        # from the decisions, and a prepare read after its claim was forgotten would count as
+        # one kube-scheduler allocated, live until an unprepare that came before it.
+        self._decided: set[str] = set()
+        self.deleted = DeletedClaims(forget_after)
+        # the release time of the last claim forgotten: what a command sent before may be about
+        self._forgotten_through: datetime | None = None
 
     # ---- folding ----------------------------------------------------------------------------------------
 
     def observe(self, event: Event) -> None:
         match event:
             case PartitionApplied(node=node) if node == self.node:
-                self._outcomes[event.command_id] = event
+                self._outcome(event)
                 key = InstanceKey.of(event.gpu_uuid, event.placement)
                 if event.action == "create":
                     self._created[key] = event
@@ -57,7 +76,7 @@ class PartitionLedger:
                     self._created.pop(key, None)
                     self._warm.pop(key, None)
             case PartitionFailed(node=node) if node == self.node:
-                self._outcomes[event.command_id] = event
+                self._outcome(event)
             case ClaimAllocated(node=node) if node == self.node:
                 # decided again after it failed (capacity freed, a preemption) or was released and
                 # asked again for a new pod: live from now on
@@ -76,7 +95,12 @@ class PartitionLedger:
                         key = InstanceKey.of(device.gpu_uuid, device.placement)
                         self._own(key, event.uid)
                         self._warm.pop(key, None)
-            case ClaimReleased(uid=uid) | ClaimFailed(uid=uid):
+            case ClaimReleased(uid=uid):
+                self._ended.add(uid)
+                self._drop_claim(uid)
+                self.deleted.note(event)
+                self._forget_deleted(event.time)
+            case ClaimFailed(uid=uid):
                 self._ended.add(uid)
                 self._drop_claim(uid)
             case ClaimPrepared(node=node, uid=uid) if node == self.node and uid not in self._decided:
@@ -85,6 +109,24 @@ class PartitionLedger:
                 self._prepared.discard(uid)
             case _:
                 return
+
+    def _outcome(self, result: PartitionResult) -> None:
+        outcomes = self._outcomes
+        # folded again (published here, then followed): it keeps its place, the order of the times
+        outcomes[result.command_id] = result
+        horizon = result.time - self.forget_after
+        while outcomes:
+            oldest = next(iter(outcomes.values()))
+            if oldest.time > horizon:
+                break
+            del outcomes[oldest.command_id]
+
+    def _forget_deleted(self, now: datetime) -> None:
+        for uid in self.deleted.due(now):
+            if uid in self._claims or uid in self._prepared:
+                continue  # allocated again: impossible for a deleted uid, and it stays while live
+            self._ended.discard(uid)
+            self._forgotten_through = now - self.forget_after
 
     def _drop_claim(self, uid: str) -> None:
         if self._claims.pop(uid, None) is None:
@@ -132,6 +174,24 @@ class PartitionLedger:
 
     def has_ended(self, claim_uid: str) -> bool:
         return claim_uid in self._ended
+
+    def may_have_forgotten(self, sent: datetime) -> bool:
+        """Whether a claim a command sent at `sent` was about may be forgotten here by now: a
+        claim's commands come before its deletion, and it is forgotten `forget_after` past that."""
+        # the claim source and the allocator stamp with clocks of their own: a margin for their skew
+        margin = self.forget_after / 6
+        return self._forgotten_through is not None and sent <= self._forgotten_through + margin
+
+    def sizes(self) -> dict[str, int]:
+        """How many entries each of the ledger's per-claim and per-command maps holds."""
+        return {
+            "outcomes": len(self._outcomes),
+            "ended": len(self._ended),
+            "decided": len(self._decided),
+            "claims": len(self._claims),
+            "created": len(self._created),
+            "deleted": len(self.deleted.saved()),
+        }
 
     def prepared_outside(self, claim_uid: str) -> bool:
         """Live because this node prepared it, not because the allocator decided it."""

@@ -1,0 +1,179 @@
+"""A node's partitioner keeps what grows with its instances and live claims, not with every claim
+and command it ever saw: a deleted claim is forgotten an hour past its deletion (by the releases'
+times), a command's outcome an hour past it (by this node's results' times), and a create older
+than a claim forgotten since is never run."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import msgspec
+
+from tangram.events import (
+    AllocatedDevice,
+    ClaimAllocated,
+    ClaimReleased,
+    MigPlacement,
+    PartitionApplied,
+    PartitionFailed,
+)
+from tangram.partitioning import PartitionLedger
+from tests.partitioner.helpers import NODE, Collected, command, gpu_uuid, partitioner, sim
+
+GPU = "GPU-0000"
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+HOUR = timedelta(hours=1)
+
+
+def at(minutes: float) -> datetime:
+    return T0 + timedelta(minutes=minutes)
+
+
+def allocated(uid: str, start: int, when: datetime, *, gpu: str = GPU) -> ClaimAllocated:
+    device = AllocatedDevice(
+        request="r",
+        driver="gpu.tangram.dev",
+        pool=NODE,
+        device="d",
+        gpu_index=0,
+        gpu_uuid=gpu,
+        profile="1g.18gb",
+        placement=MigPlacement(start=start, size=1),
+        partition_command=f"{uid}-create",
+    )
+    return ClaimAllocated(
+        key=uid,
+        namespace="ns",
+        name=uid,
+        uid=uid,
+        node=NODE,
+        devices=[device],
+        partitions=[f"{uid}-create"],
+        time=when,
+    )
+
+
+def result(uid: str, action: str, when: datetime, *, node: str = NODE) -> PartitionApplied:
+    return PartitionApplied(
+        key=node,
+        command_id=f"{uid}-{action}",
+        node=node,
+        action=action,  # type: ignore[arg-type]
+        gpu_uuid=GPU,
+        gpu_index=0,
+        profile="1g.18gb",
+        placement=MigPlacement(start=0, size=1),
+        claim_uid=uid,
+        mig_uuid="MIG-0",
+        gpu_instance_id=7,
+        compute_instance_id=0,
+        time=when,
+    )
+
+
+def released(uid: str, when: datetime, *, deleted: bool = True) -> ClaimReleased:
+    return ClaimReleased(key=uid, namespace="ns", name=uid, uid=uid, deleted=deleted, time=when)
+
+
+def lifetime(ledger: PartitionLedger, uid: str, minute: float, *, deleted: bool = True) -> None:
+    """A claim's whole life on the node, from a minute on: allocated, made, released, unmade."""
+    for event in (
+        allocated(uid, 0, at(minute)),
+        result(uid, "create", at(minute)),
+        released(uid, at(minute + 0.5), deleted=deleted),
+        result(uid, "destroy", at(minute + 0.5)),
+    ):
+        ledger.observe(event)
+
+
+def test_a_deleted_claim_is_forgotten_an_hour_past_its_deletion_by_the_releases_times() -> None:
+    ledger = PartitionLedger(NODE)
+    lifetime(ledger, "gone", 0)
+    assert ledger.has_ended("gone") and not ledger.may_have_forgotten(at(0))
+    ledger.observe(released("other", at(60)))  # 59.5 minutes after: not yet
+    assert ledger.has_ended("gone")
+    ledger.observe(released("later", at(60.5)))
+    assert not ledger.has_ended("gone")
+    assert "gone" not in ledger.deleted
+    # Its commands were sent before its deletion: one of them delivered now is not run.
+    assert ledger.may_have_forgotten(at(0))
+    # One sent well after the claims forgotten is not suspect (a margin for the senders' clocks).
+    assert not ledger.may_have_forgotten(at(30))
+
+
+def test_a_claim_only_deallocated_is_kept_and_node_results_never_move_the_claims_clock() -> None:
+    ledger = PartitionLedger(NODE)
+    lifetime(ledger, "kept", 0, deleted=False)
+    lifetime(ledger, "gone", 1)
+    ledger.observe(result("x", "create", at(500)))  # this node's results are another clock
+    assert ledger.has_ended("gone")
+    ledger.observe(released("later", at(200)))
+    assert ledger.has_ended("kept") and not ledger.has_ended("gone")
+
+
+def test_an_outcome_is_forgotten_an_hour_past_it_by_this_nodes_results_times() -> None:
+    ledger = PartitionLedger(NODE)
+    ledger.observe(result("a", "create", at(0)))
+    failed = PartitionFailed(
+        key=NODE,
+        command_id="b-create",
+        node=NODE,
+        action="create",
+        gpu_uuid=GPU,
+        profile="1g.18gb",
+        placement=MigPlacement(start=1, size=1),
+        reason="no room",
+        claim_uid="b",
+        time=at(30),
+    )
+    ledger.observe(failed)
+    ledger.observe(result("a", "create", at(0)))  # folded again (published here, then followed)
+    ledger.observe(result("elsewhere", "create", at(600), node="node-b"))  # another node's
+    assert ledger.outcome("a-create") is not None and ledger.outcome("b-create") is failed
+    ledger.observe(result("c", "create", at(60)))
+    assert ledger.outcome("a-create") is None and ledger.outcome("b-create") is failed
+    ledger.observe(result("d", "create", at(90)))
+    assert ledger.outcome("b-create") is None
+    assert ledger.outcome("c-create") is not None and ledger.outcome("d-create") is not None
+
+
+def test_a_thousand_claims_leave_the_ledger_as_large_as_a_hundred_did() -> None:
+    forgetting, keeping = PartitionLedger(NODE), PartitionLedger(NODE, forget_after=timedelta(days=365))
+    sizes = {}
+    for n in range(1000):
+        for ledger in (forgetting, keeping):
+            lifetime(ledger, f"claim-{n}", n)  # a claim a minute
+        if n in (99, 999):
+            sizes[n] = (forgetting.sizes(), keeping.sizes())
+    (small, kept_small), (large, kept_large) = sizes[99], sizes[999]
+    assert {k: v for k, v in large.items() if k != "decided"} == {
+        k: v for k, v in small.items() if k != "decided"
+    }
+    assert small["outcomes"] <= 2 * 61 and small["ended"] <= 61
+    assert kept_large["outcomes"] == 2000 and kept_large["ended"] == kept_large["decided"] == 1000
+    assert kept_small["ended"] == 100
+
+
+async def test_a_create_sent_before_a_claim_forgotten_since_is_not_run() -> None:
+    nvml = sim("hgx-h200")
+    collected = Collected()
+    p = partitioner(nvml, collected, claim_release_wait_s=0.05)
+    now = datetime.now(UTC)
+    slice_1g = {"profile": "1g.18gb", "profile_id": 19, "start": 0, "size": 1}
+    create = msgspec.structs.replace(
+        command("gone-create", nvml, gpu=2, claim_uid="gone", **slice_1g),  # type: ignore[arg-type]
+        time=now - 2 * HOUR,
+    )
+    gpu = gpu_uuid(nvml, 2)
+    p.observe(allocated("gone", 0, now - 2 * HOUR, gpu=gpu))
+    p.observe(released("gone", now - 2 * HOUR + timedelta(minutes=1)))
+    p.observe(released("later", now))
+    assert not p.ledger.has_ended("gone")  # forgotten: its create, delivered again now, must not run
+    await p.handle(create)
+    [failed] = [e for e in collected.events if isinstance(e, PartitionFailed | PartitionApplied)]
+    assert isinstance(failed, PartitionFailed) and "may have ended and been forgotten" in failed.reason
+    assert nvml.nvmlDeviceGetMigMode(nvml.nvmlDeviceGetHandleByIndex(2))[0] == 0  # nothing was made
+    # A create for a claim never seen, sent now, runs (a claim the node prepared itself).
+    fresh = command("fresh-create", nvml, gpu=3, claim_uid="fresh", **slice_1g)  # type: ignore[arg-type]
+    await p.handle(fresh)
+    assert isinstance(collected.events[-1], PartitionApplied)
