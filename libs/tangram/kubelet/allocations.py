@@ -26,6 +26,7 @@ from tangram.events import (
     PartitionFailed,
 )
 from tangram.events.attempts import SlotAttempts
+from tangram.events.deletions import DeletedClaims
 
 log = logging.getLogger("tangram.kubelet.allocations")
 T = TypeVar("T")
@@ -73,6 +74,9 @@ class InMemoryAllocationSource:
         # each failed command or destroyed create of a claim's slot closes one attempt, so that a
         # later prepare of the same claim sends a new command, not the old id
         self._attempts = SlotAttempts()
+        # A deleted claim is never prepared again: an hour past its deletion, by the releases'
+        # times, what was kept of it goes (its slots' attempts, its commands' results).
+        self.deleted = DeletedClaims()
         self._changed = asyncio.Event()
 
     def observe(self, event: Event) -> None:
@@ -111,6 +115,8 @@ class InMemoryAllocationSource:
                 self._claim_failures.pop(uid, None)
                 for command_id in released.partitions if released is not None else []:
                     self._created.pop(command_id, None)
+                self.deleted.note(event)
+                self._forget_deleted(event)
             case PartitionApplied(node=node, action="create" | "disable-mig") if node == self.node:
                 self._created[event.command_id] = event
             case PartitionApplied(node=node, action="destroy") if node == self.node:
@@ -122,6 +128,26 @@ class InMemoryAllocationSource:
                 return
         self._changed.set()
         self._changed = asyncio.Event()
+
+    def _forget_deleted(self, now: ClaimReleased) -> None:
+        for uid in self.deleted.due(now.time):
+            if uid in self._allocations:
+                continue  # allocated again: impossible for a deleted uid, and kept while it holds
+            self._attempts.forget(uid)
+            for results in (self._created, self._partition_failures):
+                for command_id in [c for c, result in results.items() if result.claim_uid == uid]:
+                    del results[command_id]
+
+    def sizes(self) -> dict[str, int]:
+        """How many entries each of the per-claim and per-command maps holds."""
+        return {
+            "allocations": len(self._allocations),
+            "claim_failures": len(self._claim_failures),
+            "created": len(self._created),
+            "partition_failures": len(self._partition_failures),
+            "slot_attempts": len(self._attempts.saved()),
+            "deleted": len(self.deleted.saved()),
+        }
 
     async def resolve(self, claim: ClaimRef, *, timeout_s: float) -> ResolvedAllocation:
         return await self.wait_for(lambda: self._resolve_now(claim), timeout_s)
