@@ -13,6 +13,7 @@ from tangram.events import (
     ClaimAllocated,
     ClaimFailed,
     ClaimReleased,
+    ClaimRequested,
     Event,
     GangMember,
     NodeInventory,
@@ -359,6 +360,9 @@ def test_only_the_first_waiting_group_is_kept_room_and_a_rebuild_keeps_the_same(
             asked = member(n, group, 2, 4, nvlink=True)
             log += [asked, *book.apply(asked)]
     assert list(book.gang_holds) == [("team", "first")]
+    # A member of the group kept room frees it when it goes; one of the other group frees nothing.
+    asked = {e.name: e.uid for e in log if isinstance(e, ClaimRequested)}
+    assert book.frees_capacity(asked["claim-11"]) and not book.frees_capacity(asked["claim-21"])
     second = [e for e in log if isinstance(e, ClaimFailed) and e.name in ("claim-21", "claim-22")]
     assert second and all(not f.held_for_group for f in second if f.cause == "capacity")
     rebuilt = ledger()

@@ -136,9 +136,13 @@ class Ledger(Commanding, Reserving, Grouping):
 
     def frees_capacity(self, uid: str) -> bool:
         """Whether the claim's release would free what another claim may take: devices it holds on
-        a node of the fleet, or a node reserved for it. A claim that failed, or that another writer
-        allocated on a node this fleet does not have, frees nothing when it goes."""
-        return uid in self.reservations or self.fleet.holds_on_a_node(uid)
+        a node of the fleet, a node reserved for it, or the nodes kept for its group. A claim that
+        failed, or that another writer allocated on a node this fleet does not have, frees nothing
+        when it goes."""
+        if uid in self.reservations or self.fleet.holds_on_a_node(uid):
+            return True
+        group = self._gang_of(uid) if self.gang_holds else None
+        return group is not None and group in self.gang_holds
 
     def observe(self, event: Event) -> None:
         """Fold an event that can produce no output (inventory)."""
