@@ -6,42 +6,14 @@ from __future__ import annotations
 
 import msgspec
 
-from tangram.events import MigPlacement, PartitionFailed
 from tangram.kubelet.allocations import InMemoryAllocationSource
-from tests.support.lifetimes import GPU, NODE, allocated, at, released, result
-
-
-def failed_create(uid: str, minute: float) -> PartitionFailed:
-    return PartitionFailed(
-        key=NODE,
-        command_id=f"{uid}-retry",
-        node=NODE,
-        action="create",
-        gpu_uuid=GPU,
-        profile="1g.18gb",
-        placement=MigPlacement(start=0, size=1),
-        reason="no room",
-        claim_uid=uid,
-        time=at(minute),
-    )
-
-
-def lifetime(view: InMemoryAllocationSource, uid: str, minute: float, *, deleted: bool = True) -> None:
-    """Allocated, made, a second create failed, released, unmade."""
-    for event in (
-        allocated(uid, 0, at(minute)),
-        result(uid, "create", at(minute)),
-        failed_create(uid, minute),
-        released(uid, at(minute + 0.5), deleted=deleted),
-        result(uid, "destroy", at(minute + 0.5)),
-    ):
-        view.observe(event)
+from tests.support.lifetimes import GPU, NODE, allocated, at, lifetime, released
 
 
 def test_a_deleted_claims_attempts_and_results_go_an_hour_past_its_deletion() -> None:
     view = InMemoryAllocationSource(NODE)
-    lifetime(view, "gone", 0)
-    lifetime(view, "kept", 1, deleted=False)
+    lifetime(view.observe, "gone", 0, retried=True)
+    lifetime(view.observe, "kept", 1, deleted=False, retried=True)
     assert view.attempt("gone", GPU, 0) == 2  # the failed create and the destroy
     view.observe(released("other", at(60)))
     assert view.attempt("gone", GPU, 0) == 2
@@ -55,7 +27,7 @@ def test_a_thousand_claims_leave_the_view_as_large_as_a_hundred_did() -> None:
     view = InMemoryAllocationSource(NODE)
     sizes = {}
     for n in range(1000):
-        lifetime(view, f"claim-{n}", n)  # a claim a minute
+        lifetime(view.observe, f"claim-{n}", n, retried=True)  # a claim a minute
         if n in (99, 999):
             sizes[n] = view.sizes()
     assert sizes[999] == sizes[99]
@@ -64,11 +36,11 @@ def test_a_thousand_claims_leave_the_view_as_large_as_a_hundred_did() -> None:
 
 def test_a_release_sent_again_forgets_once_and_a_claim_allocated_again_is_kept() -> None:
     view = InMemoryAllocationSource(NODE)
-    lifetime(view, "twice", 0)
+    lifetime(view.observe, "twice", 0, retried=True)
     view.observe(released("twice", at(5)))  # the deletion released again, later
     view.observe(released("x", at(60.5)))
     assert view.attempt("twice", GPU, 0) == 0
-    lifetime(view, "back", 100)
+    lifetime(view.observe, "back", 100, retried=True)
     again = msgspec.structs.replace(allocated("back", 0, at(101)), event_id="back-again")
     view.observe(again)  # impossible for a deleted uid; kept while it holds its devices
     view.observe(released("y", at(200)))

@@ -9,26 +9,15 @@ from datetime import UTC, datetime, timedelta
 
 import msgspec
 
-from tangram.events import MigPlacement, PartitionApplied, PartitionFailed
+from tangram.events import PartitionApplied, PartitionFailed
 from tangram.partitioning import PartitionLedger
 from tests.partitioner.helpers import NODE, Collected, command, gpu_uuid, partitioner, sim
-from tests.support.lifetimes import GPU, HOUR, allocated, at, released, result
-
-
-def lifetime(ledger: PartitionLedger, uid: str, minute: float, *, deleted: bool = True) -> None:
-    """A claim's whole life on the node, from a minute on: allocated, made, released, unmade."""
-    for event in (
-        allocated(uid, 0, at(minute)),
-        result(uid, "create", at(minute)),
-        released(uid, at(minute + 0.5), deleted=deleted),
-        result(uid, "destroy", at(minute + 0.5)),
-    ):
-        ledger.observe(event)
+from tests.support.lifetimes import HOUR, allocated, at, failed_create, lifetime, released, result
 
 
 def test_a_deleted_claim_is_forgotten_an_hour_past_its_deletion_by_the_releases_times() -> None:
     ledger = PartitionLedger(NODE)
-    lifetime(ledger, "gone", 0)
+    lifetime(ledger.observe, "gone", 0)
     assert ledger.has_ended("gone") and not ledger.may_have_forgotten(at(0))
     ledger.observe(released("other", at(60)))  # 59.5 minutes after: not yet
     assert ledger.has_ended("gone")
@@ -43,8 +32,8 @@ def test_a_deleted_claim_is_forgotten_an_hour_past_its_deletion_by_the_releases_
 
 def test_a_claim_only_deallocated_is_kept_and_node_results_never_move_the_claims_clock() -> None:
     ledger = PartitionLedger(NODE)
-    lifetime(ledger, "kept", 0, deleted=False)
-    lifetime(ledger, "gone", 1)
+    lifetime(ledger.observe, "kept", 0, deleted=False)
+    lifetime(ledger.observe, "gone", 1)
     ledger.observe(result("x", "create", at(500)))  # this node's results are another clock
     assert ledger.has_ended("gone")
     ledger.observe(released("later", at(200)))
@@ -54,18 +43,7 @@ def test_a_claim_only_deallocated_is_kept_and_node_results_never_move_the_claims
 def test_an_outcome_is_forgotten_an_hour_past_it_by_this_nodes_results_times() -> None:
     ledger = PartitionLedger(NODE)
     ledger.observe(result("a", "create", at(0)))
-    failed = PartitionFailed(
-        key=NODE,
-        command_id="b-create",
-        node=NODE,
-        action="create",
-        gpu_uuid=GPU,
-        profile="1g.18gb",
-        placement=MigPlacement(start=1, size=1),
-        reason="no room",
-        claim_uid="b",
-        time=at(30),
-    )
+    failed = failed_create("b", "b-create", at(30), start=1)
     ledger.observe(failed)
     ledger.observe(result("a", "create", at(0)))  # folded again (published here, then followed)
     ledger.observe(result("elsewhere", "create", at(600), node="node-b"))  # another node's
@@ -82,7 +60,7 @@ def test_a_thousand_claims_leave_the_ledger_as_large_as_a_hundred_did() -> None:
     sizes = {}
     for n in range(1000):
         for ledger in (forgetting, keeping):
-            lifetime(ledger, f"claim-{n}", n)  # a claim a minute
+            lifetime(ledger.observe, f"claim-{n}", n)  # a claim a minute
         if n in (99, 999):
             sizes[n] = (forgetting.sizes(), keeping.sizes())
     (small, kept_small), (large, kept_large) = sizes[99], sizes[999]
