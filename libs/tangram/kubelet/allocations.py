@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from datetime import datetime
 from typing import NamedTuple, Protocol, TypeVar
 
 import msgspec
@@ -116,7 +117,7 @@ class InMemoryAllocationSource:
                 for command_id in released.partitions if released is not None else []:
                     self._created.pop(command_id, None)
                 self.deleted.note(event)
-                self._forget_deleted(event)
+                self._forget_deleted(event.time)
             case PartitionApplied(node=node, action="create" | "disable-mig") if node == self.node:
                 self._created[event.command_id] = event
             case PartitionApplied(node=node, action="destroy") if node == self.node:
@@ -129,8 +130,8 @@ class InMemoryAllocationSource:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    def _forget_deleted(self, now: ClaimReleased) -> None:
-        for uid in self.deleted.due(now.time):
+    def _forget_deleted(self, now: datetime) -> None:
+        for uid in self.deleted.due(now):
             if uid in self._allocations:
                 continue  # allocated again: impossible for a deleted uid, and kept while it holds
             self._attempts.forget(uid)

@@ -57,7 +57,8 @@ class PartitionLedger:
         # one kube-scheduler allocated, live until an unprepare that came before it.
         self._decided: set[str] = set()
         self.deleted = DeletedClaims(forget_after)
-        # the release time of the last claim forgotten: what a command sent before may be about
+        # the horizon of the last forgetting (every claim released before it may be forgotten):
+        # what a command sent before it may be about
         self._forgotten_through: datetime | None = None
 
     # ---- folding ----------------------------------------------------------------------------------------
