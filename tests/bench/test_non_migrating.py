@@ -9,6 +9,7 @@ from tangram.bench.packing import (
     Held,
     PackingGpu,
     PackingNode,
+    first_losing_placement,
     maximal_alive,
     non_migrating_admitted,
     pooled,
@@ -31,6 +32,7 @@ TWO = ClaimShape("gpu", 2)
 PAIR = ClaimShape("gpu", 2, nvlink=True)
 MIG_1G = ClaimShape("mig", compute=1, slices=1)
 MIG_7G = ClaimShape("mig", compute=7, slices=8)
+MIG_4G = ClaimShape("mig", compute=4, slices=4)
 
 
 def plain_node(name: str, gpus: int, nvlinked: tuple[tuple[int, int], ...] = ()) -> PackingNode:
@@ -171,3 +173,38 @@ def test_stranded_gpus_are_compared_once_both_policies_admitted_the_same_claims(
             "first-fit_mean": 1.25,
         }
     }
+
+
+def test_the_losing_placement_is_the_first_after_which_the_optimum_no_longer_fits() -> None:
+    # a leaves before p: anywhere is fine for it. p on "two" leaves no room for w, which only "two"
+    # can hold: p is the placement that lost the optimum of 3, and "one" is where it had to go.
+    nodes = [plain_node("one", 1), plain_node("two", 2)]
+    ops: list[Op] = [Arrival("a", ONE), Departure("a"), Arrival("p", ONE), Arrival("w", TWO)]
+    placed = [Held("two", (0,)), Held("two", (1,))]
+    lost = first_losing_placement(nodes, ops, 3, placed, time_limit_s=10)
+    assert lost is not None
+    assert (lost.arrival, lost.placed, lost.instead) == (1, Held("two", (1,)), Held("one", ()))
+
+
+def test_a_mig_device_that_shuts_out_a_later_profile_is_the_losing_placement() -> None:
+    # A 1g at slice 0 leaves no placement for the 4g (slices 0-3 only); at 4, 5 or 6 both fit.
+    ops: list[Op] = [Arrival("small", MIG_1G), Arrival("big", MIG_4G)]
+    lost = first_losing_placement([mig_node("m", 1)], ops, 2, [Held("m", (0,), 0, 1)], time_limit_s=10)
+    assert lost is not None
+    assert (lost.arrival, lost.placed) == (0, Held("m", (0,), 0, 1))
+    assert lost.instead.gpus == (0,) and lost.instead.size == 1 and lost.instead.start in (4, 5, 6)
+
+
+def test_a_policy_that_failed_a_claim_it_had_room_for_lost_at_its_failure() -> None:
+    # Every placement kept, the failed claim still fits: the failure itself is the loss.
+    nodes = [plain_node("one", 1), plain_node("two", 2)]
+    ops: list[Op] = [Arrival("p", ONE), Arrival("w", TWO)]
+    lost = first_losing_placement(nodes, ops, 2, [Held("one", ())], time_limit_s=10)
+    assert lost is not None
+    assert (lost.arrival, lost.placed, lost.instead) == (1, None, Held("two", ()))
+
+
+def test_a_policy_that_reached_the_optimum_lost_nothing() -> None:
+    ops: list[Op] = [Arrival("p", ONE), Arrival("w", TWO)]
+    placed = [Held("one", ()), Held("two", ())]
+    assert first_losing_placement([plain_node("one", 1), plain_node("two", 2)], ops, 2, placed) is None

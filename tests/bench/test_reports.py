@@ -62,6 +62,11 @@ def test_quality_report_never_beats_the_optimum(capsys: pytest.CaptureFixture[st
         assert optimum["proven"] is True and held["proven"] is True
         # never moving a claim admits no more than moving them; a policy no more than either
         assert held["claims"] <= held["bound"] <= optimum["claims"]
+        # the decision that lost the non-migrating optimum is named exactly when one did
+        lost, admitted = instance["tangram_lost_at"], instance["policies"]["tangram"]["claims"]
+        assert (lost is None) == (admitted == held["claims"])
+        if lost is not None:
+            assert lost["arrival"] <= admitted and lost["instead"] is not None
         for policy, figures in instance["policies"].items():
             assert figures["arrivals_before_first_failure"] <= held["claims"]
             assert figures["claims_ratio"] <= figures["claims_ratio_non_migrating"] <= 1.0

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import combinations
-from typing import Any
+from typing import Any, Literal
 
 from tangram.bench.traces import Arrival, ClaimShape, Op
 from tangram.dra import partitionable, whole_gpu_advertised
@@ -305,13 +305,111 @@ def non_migrating_admitted(
       GPU without MIG: its whole-GPU uses <= 1);
     - maximise sum a.
     """
-    import highspy  # noqa: PLC0415 - the solver is needed by the benchmarks only
-
     total = sum(isinstance(op, Arrival) for op in ops)
     limit = total if at_most is None else max(0, min(at_most, total))
     at_least = min(at_least, limit)
     if at_least == limit:
         return Optimum(admitted=limit, proven=True, bound=float(limit), seconds=0.0)
+    model, admitted, claims = _prefix_model(nodes, ops, limit, at_least)
+    solution = _hinted(model, admitted, claims, hint[:limit])
+    h, seconds = _solve(model, time_limit_s, solution)
+    import highspy  # noqa: PLC0415 - the solver is needed by the benchmarks only
+
+    status = h.getModelStatus()
+    info = h.getInfo()
+    if status == highspy.HighsModelStatus.kInfeasible:
+        raise ValueError(f"the first {at_least} arrivals are said to fit but cannot without moving a claim")
+    found = round(info.objective_function_value) if info.primal_solution_status == 2 else 0
+    best = at_least + found
+    if best < len(hint[:limit]):
+        raise ValueError("the solver refused the hinted placements: they break a constraint of the model")
+    bound = min(float(limit), at_least + float(info.mip_dual_bound))
+    return Optimum(
+        admitted=best,
+        proven=status == highspy.HighsModelStatus.kOptimal or bound < best + 1 - 1e-6,
+        bound=round(bound, 3),
+        seconds=round(seconds, 3),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class LosingPlacement:
+    """The first placement of a policy after which the optimum's prefix no longer fits."""
+
+    arrival: int  # its index among the trace's arrivals
+    placed: Held | None  # where the policy put it; None: the policy failed it
+    instead: Held  # where a placement reaching the optimum puts it, the policy's before it kept
+    probes: int  # feasibility problems solved
+    seconds: float
+
+
+def first_losing_placement(
+    nodes: Sequence[PackingNode],
+    ops: Sequence[Op],
+    reach: int,
+    placed: Sequence[Held],
+    *,
+    time_limit_s: float = 60.0,
+) -> LosingPlacement | None:
+    """Where a policy that admitted `placed` (its placements, in arrival order) lost the first
+    `reach` arrivals, `reach` being known to fit never moving a claim: the least n such that no
+    such placement of them keeps the policy's first n placements, found by bisection (each probe
+    an exact feasibility problem). None when the policy admitted `reach`, or when a probe hit the
+    time limit undecided.
+
+    When every placement of the policy still allows `reach`, the policy lost at its failure: the
+    claim it failed fits beside what it held (`placed` is then None)."""
+    reach = min(reach, sum(isinstance(op, Arrival) for op in ops))
+    if len(placed) >= reach:
+        return None
+    started = time.perf_counter()
+    probes = 0
+
+    def probe(pinned: int) -> list[float] | Literal[False] | None:
+        """A solution keeping the first `pinned` placements; False: none exists; None: undecided."""
+        nonlocal probes
+        probes += 1
+        model, _, claims = _prefix_model(nodes, ops, reach, reach)
+        for i, held in enumerate(placed[:pinned]):
+            model.equal.extend(([column], [1.0], 1.0) for column in _hint_columns(claims[i], held, i))
+        h, _ = _solve(model, time_limit_s, None)
+        import highspy  # noqa: PLC0415 - the solver is needed by the benchmarks only
+
+        status = h.getModelStatus()
+        if status == highspy.HighsModelStatus.kInfeasible:
+            return False
+        if h.getInfo().primal_solution_status != 2:
+            return None
+        return list(h.getSolution().col_value)
+
+    low, high = 0, len(placed) + 1  # probe(low) has a solution; probe(high) has none (or high is past)
+    solution = probe(low)
+    if not isinstance(solution, list):
+        return None
+    while high - low > 1:
+        middle = (low + high) // 2
+        found = probe(middle)
+        if found is None:
+            return None
+        if found is False:
+            high = middle
+        else:
+            low, solution = middle, found
+    _, _, claims = _prefix_model(nodes, ops, reach, reach)
+    return LosingPlacement(
+        arrival=low,
+        placed=placed[low] if low < len(placed) else None,
+        instead=_placed(claims[low], solution),
+        probes=probes,
+        seconds=round(time.perf_counter() - started, 3),
+    )
+
+
+def _prefix_model(
+    nodes: Sequence[PackingNode], ops: Sequence[Op], limit: int, at_least: int
+) -> tuple[_Model, list[int | None], list[_Claim]]:
+    """The model of non_migrating_admitted: the first `limit` arrivals, the first `at_least`
+    admitted; its a[i] columns (None where a claim is admitted) and each claim's columns."""
     shapes, sets = maximal_alive(ops, limit)
     model = _Model()
     claims = [_claim_columns(model, nodes, shape) for shape in shapes]
@@ -331,7 +429,13 @@ def non_migrating_admitted(
             model.below.append(([a, before], [1.0, -1.0], 0.0))
         admitted.append(a)
     model.below.extend(_capacity_rows(nodes, claims, sets))
-    solution = _hinted(model, admitted, claims, hint[:limit])
+    return model, admitted, claims
+
+
+def _solve(model: _Model, time_limit_s: float, solution: list[float] | None) -> tuple[Any, float]:
+    """The model maximised by HiGHS (every column an integer in its bounds), started from
+    `solution` when given: the solver and the seconds it ran."""
+    import highspy  # noqa: PLC0415 - the solver is needed by the benchmarks only
 
     h = exact_solver(time_limit_s)
     n = len(model.cost)
@@ -353,22 +457,7 @@ def non_migrating_admitted(
         h.setSolution(n, list(range(n)), solution)
     started = time.perf_counter()
     h.run()
-    seconds = time.perf_counter() - started
-    status = h.getModelStatus()
-    info = h.getInfo()
-    if status == highspy.HighsModelStatus.kInfeasible:
-        raise ValueError(f"the first {at_least} arrivals are said to fit but cannot without moving a claim")
-    found = round(info.objective_function_value) if info.primal_solution_status == 2 else 0
-    best = at_least + found
-    if best < len(hint[:limit]):
-        raise ValueError("the solver refused the hinted placements: they break a constraint of the model")
-    bound = min(float(limit), at_least + float(info.mip_dual_bound))
-    return Optimum(
-        admitted=best,
-        proven=status == highspy.HighsModelStatus.kOptimal or bound < best + 1 - 1e-6,
-        bound=round(bound, 3),
-        seconds=round(seconds, 3),
-    )
+    return h, time.perf_counter() - started
 
 
 def _claim_columns(model: _Model, nodes: Sequence[PackingNode], shape: ClaimShape) -> _Claim:
@@ -459,14 +548,29 @@ def _hinted(
         return None
     values = [0.0] * len(model.cost)
     for i, held in enumerate(hint):
-        # a MIG device's z; or the node's y (where there is one) and each GPU's x (where there are)
-        keys = [held] if held.size else [Held(held.node, ()), *(Held(held.node, (g,)) for g in held.gpus)]
-        found = [column for key in keys for column in claims[i].places.get(key, ())]
-        if not found:
-            raise ValueError(f"arrival {i} is hinted at {held}, which the model does not offer")
-        for column in found:
+        for column in _hint_columns(claims[i], held, i):
             values[column] = 1.0
         a = admitted[i]
         if a is not None:
             values[a] = 1.0
     return values
+
+
+def _hint_columns(claim: _Claim, held: Held, arrival: int) -> list[int]:
+    """The columns that are 1 when the claim is held there: a MIG device's z; or the node's y
+    (where there is one) and each GPU's x (where there are)."""
+    keys = [held] if held.size else [Held(held.node, ()), *(Held(held.node, (g,)) for g in held.gpus)]
+    found = [column for key in keys for column in claim.places.get(key, ())]
+    if not found:
+        raise ValueError(f"arrival {arrival} is hinted at {held}, which the model does not offer")
+    return found
+
+
+def _placed(claim: _Claim, values: Sequence[float]) -> Held:
+    """Where a solution holds the claim: the MIG device, or the node and the GPUs chosen on it
+    (none named where the model counts GPUs, or where the claim takes them all)."""
+    chosen = [held for held, columns in claim.places.items() if all(values[c] > 0.5 for c in columns)]
+    device = next((held for held in chosen if held.size), None)
+    if device is not None:
+        return device
+    return Held(chosen[0].node, tuple(sorted(g for held in chosen for g in held.gpus)))

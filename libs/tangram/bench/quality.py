@@ -12,6 +12,10 @@ same trace (HiGHS):
 - the non-migrating optimum: the longest prefix whose claims each get one placement for their
   whole life, capacity held at every moment: what a policy that never moves a claim can reach.
 
+Where Tangram falls short of the non-migrating optimum, the report names the decision to study
+(`tangram_lost_at`): the first of its placements after which no placement of the optimum's prefix
+keeps the placements before it, and where one that reaches the optimum puts that claim instead.
+
 Stranded GPUs are compared at the same admitted claims: Tangram against each baseline when the
 first of the two fails (both then hold the same claims), and on average over that prefix.
 """
@@ -30,8 +34,10 @@ from typing import Any, TypeVar
 from tangram.allocation import POLICIES, Allocated, Claim, DeviceClass, FleetState, NvlinkTally, Policy
 from tangram.bench.packing import (
     Held,
+    LosingPlacement,
     Optimum,
     PackingNode,
+    first_losing_placement,
     non_migrating_admitted,
     optimal_admitted,
     packing_node,
@@ -384,6 +390,11 @@ def run_instance(
         result["claims_ratio_non_migrating"] = _ratio(result["claims"], non_migrating["claims"])
         result["gpus_ratio_non_migrating"] = _ratio(result["gpus"], non_migrating["gpus"])
         result["claims_ratio_non_migrating_bound"] = _ratio(result["claims"], bound)
+    lost = None
+    if held.proven and replays["tangram"].row["claims"] < held.admitted:
+        lost = first_losing_placement(
+            packing, ops, held.admitted, replays["tangram"].held, time_limit_s=non_migrating_time_limit_s
+        )
     return {
         "trace": "churn" if churn_claims else "fill",
         "fleet": dict(fleet_spec),
@@ -397,6 +408,30 @@ def run_instance(
         "non_migrating": non_migrating,
         "policies": results,
         "stranded_at_same_claims": same_claims_stranded(replays),
+        "tangram_lost_at": _losing_report(lost, arrived, nodes) if lost is not None else None,
+    }
+
+
+def _losing_report(
+    lost: LosingPlacement, arrived: list[ClaimShape], nodes: list[NodeHardware]
+) -> dict[str, Any]:
+    """The decision to study where Tangram fell short of the non-migrating optimum: the claim,
+    where Tangram put it, and where a placement reaching the optimum puts it instead."""
+    machines = {hw.node: hw.gpus[0].name if hw.gpus else "" for hw in nodes}
+
+    def where(held: Held | None) -> dict[str, Any] | None:
+        if held is None:
+            return None
+        place = {"node": held.node, "machine": machines.get(held.node, ""), "gpus": list(held.gpus)}
+        return place | ({"slices": [held.start, held.start + held.size]} if held.size else {})
+
+    return {
+        "arrival": lost.arrival,
+        "claim": arrived[lost.arrival].label,
+        "placed": where(lost.placed),
+        "instead": where(lost.instead),
+        "probes": lost.probes,
+        "seconds": lost.seconds,
     }
 
 
