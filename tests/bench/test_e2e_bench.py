@@ -31,3 +31,9 @@ def test_every_claim_is_decided_prepared_and_timed_stage_by_stage(capsys: pytest
     assert report["bus_floor"]["count"] == 30
     assert report["p50_over_bus_floor"] > 1
     assert "services_died" not in report
+    # where the CPU went, per kind of process: every kind that handles each claim used some
+    cpu = report["cpu_ms_per_claim"]
+    assert set(cpu) == {"allocator", "discovery", "partitioner", "cdi", "nats-server", "bench", "total"}
+    assert all(cpu[kind] > 0 for kind in ("allocator", "cdi", "nats-server", "bench"))
+    assert cpu["total"] == pytest.approx(sum(v for k, v in cpu.items() if k != "total"), abs=0.01)
+    assert report["cpu_cores_busy"] > 0

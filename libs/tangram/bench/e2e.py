@@ -17,6 +17,10 @@ window) and where the time goes, per claim:
 - `prepare_rpc_ms`: the kubelet call; of it `prepare_ms` the preparer's own time (the checkpoint's
   and the spec's fsyncs included), from the node's ClaimPrepared.
 
+`cpu_ms_per_claim` is where the machine's CPU goes: each kind of process's CPU time (all nodes'
+processes of the kind together, and the bench's own client) from the first arrival until the last
+claim is done, per claim; `cpu_cores_busy` is that CPU time over those seconds.
+
 The baseline in the same run is the bus floor: the same rate of events through the same server,
 each timed from its publish until a subscriber sees it (one hop; a claim makes at least four).
 """
@@ -237,7 +241,9 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
             run = Run(bus, tracker, kubelets)
             tracker.watch = run.watch
             load_before = os.getloadavg()[0]
+            cpu_before, began = _cpu_seconds(cluster), time.perf_counter()
             window = await _arrivals(run, args.rate, args.duration, args.mix, args.seed)
+            cpu, busy_s = _cpu_used(cpu_before, _cpu_seconds(cluster)), time.perf_counter() - began
             load_after = os.getloadavg()[0]
             floor = await _bus_floor(bus, args.rate, min(len(run.claims), int(args.rate * 10)))
             for kubelet in kubelets.values():
@@ -269,6 +275,10 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         "bus_floor": floor_summary,
         "target_p99_ms": TARGET_P99_MS,
         "load_average": {"before": round(load_before, 2), "after": round(load_after, 2)},
+        "cpu_ms_per_claim": {
+            kind: round(seconds * 1000 / len(claims), 3) if claims else 0.0 for kind, seconds in cpu.items()
+        },
+        "cpu_cores_busy": round(cpu["total"] / busy_s, 2),
     }
     if ready and floor:
         result["p50_over_bus_floor"] = round(float(latency["p50_ms"]) / float(floor_summary["p50_ms"]), 1)
@@ -277,6 +287,16 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     if dead:
         result["services_died"] = dead
     return result
+
+
+def _cpu_seconds(cluster: LocalCluster) -> dict[str, float]:
+    return cluster.cpu_seconds() | {"bench": time.process_time()}
+
+
+def _cpu_used(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """CPU seconds per kind of process between two readings, and their total."""
+    used = {kind: max(0.0, after[kind] - before.get(kind, 0.0)) for kind in sorted(after)}
+    return used | {"total": sum(used.values())}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -304,6 +304,20 @@ class LocalCluster:
             name, service.module_args, service.env, service.user
         )
 
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU time (user and system) each kind of process has used so far, summed over the
+        processes of the kind: `allocator`, `discovery`, `partitioner`, `cdi`, `nats-server`.
+        Processes that are gone are left out."""
+        pids = [(service.name.split("@")[0].split("-")[0], service.process.pid) for service in self.processes]
+        servers = self.nats_cluster.servers if self.nats_cluster is not None else [self.nats]
+        pids.extend(("nats-server", server.pid) for server in servers if server is not None and server.pid)
+        used: dict[str, float] = {}
+        for kind, pid in pids:
+            seconds = process_cpu_seconds(pid)
+            if seconds is not None:
+                used[kind] = used.get(kind, 0.0) + seconds
+        return used
+
     def dead(self) -> list[str]:
         """Services that exited on their own, with the last line they logged."""
         gone = []
@@ -345,6 +359,18 @@ class LocalCluster:
             for pid_file in sorted(pid_files):
                 with contextlib.suppress(OSError, ValueError):
                     os.kill(int(pid_file.read_text().split()[0]), signal.SIGTERM)
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """The user and system CPU time a running process has used (Linux /proc); None when gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    # the fields after the command's closing parenthesis start at the 3rd; utime and stime are
+    # the 14th and 15th, in clock ticks
+    fields = stat.rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def leading_allocator(cluster: LocalCluster) -> str | None:
