@@ -7,6 +7,7 @@ import pytest
 
 from tangram.bench.packing import (
     Held,
+    LosingPlacement,
     PackingGpu,
     PackingNode,
     first_losing_placement,
@@ -14,8 +15,8 @@ from tangram.bench.packing import (
     non_migrating_admitted,
     pooled,
 )
-from tangram.bench.quality import Replayed, migrating_prefix, same_claims_stranded
-from tangram.bench.traces import Arrival, ClaimShape, Departure, Op
+from tangram.bench.quality import Replayed, _losing_report, migrating_prefix, same_claims_stranded
+from tangram.bench.traces import Arrival, ClaimShape, Departure, Op, build_fleet
 
 # H100-style placements without the media-extensions profile: (compute, start, size)
 H100 = (
@@ -208,3 +209,22 @@ def test_a_policy_that_reached_the_optimum_lost_nothing() -> None:
     ops: list[Op] = [Arrival("p", ONE), Arrival("w", TWO)]
     placed = [Held("one", ()), Held("two", ())]
     assert first_losing_placement([plain_node("one", 1), plain_node("two", 2)], ops, 2, placed) is None
+
+
+def test_the_losing_decision_is_reported_with_each_node_machine() -> None:
+    nodes = build_fleet([("h100-nvl-4x2", 1), ("l40s-8", 1)])
+    mig_node_name, l40s_name = nodes[0].node, nodes[1].node
+    arrived = [MIG_1G, ONE]
+    placed, instead = Held(mig_node_name, (2,), 0, 1), Held(l40s_name, (5,))
+    lost = LosingPlacement(arrival=0, placed=placed, instead=instead, probes=3, seconds=0.5)
+    assert _losing_report(lost, arrived, nodes) == {
+        "arrival": 0,
+        "claim": "mig-1g-1s",
+        "placed": {"node": mig_node_name, "machine": "NVIDIA H100 NVL", "gpus": [2], "slices": [0, 1]},
+        "instead": {"node": l40s_name, "machine": "NVIDIA L40S", "gpus": [5]},
+        "probes": 3,
+        "seconds": 0.5,
+    }
+    failed = LosingPlacement(arrival=1, placed=None, instead=Held(l40s_name, ()), probes=2, seconds=0.1)
+    report = _losing_report(failed, arrived, nodes)
+    assert (report["claim"], report["placed"], report["instead"]["gpus"]) == ("1gpu", None, [])

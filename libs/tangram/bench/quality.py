@@ -390,10 +390,19 @@ def run_instance(
         result["claims_ratio_non_migrating"] = _ratio(result["claims"], non_migrating["claims"])
         result["gpus_ratio_non_migrating"] = _ratio(result["gpus"], non_migrating["gpus"])
         result["claims_ratio_non_migrating_bound"] = _ratio(result["claims"], bound)
-    lost = None
-    if held.proven and replays["tangram"].row["claims"] < held.admitted:
-        lost = first_losing_placement(
-            packing, ops, held.admitted, replays["tangram"].held, time_limit_s=non_migrating_time_limit_s
+    lost: dict[str, Any] | None = None  # None: Tangram reached the non-migrating optimum
+    if replays["tangram"].row["claims"] < held.admitted:
+        found = (
+            first_losing_placement(
+                packing, ops, held.admitted, replays["tangram"].held, time_limit_s=non_migrating_time_limit_s
+            )
+            if held.proven
+            else None
+        )
+        lost = (
+            _losing_report(found, arrived, nodes)
+            if found is not None
+            else {"undecided": "the non-migrating optimum or a probe hit --non-migrating-time-limit"}
         )
     return {
         "trace": "churn" if churn_claims else "fill",
@@ -408,7 +417,7 @@ def run_instance(
         "non_migrating": non_migrating,
         "policies": results,
         "stranded_at_same_claims": same_claims_stranded(replays),
-        "tangram_lost_at": _losing_report(lost, arrived, nodes) if lost is not None else None,
+        "tangram_lost_at": lost,
     }
 
 
