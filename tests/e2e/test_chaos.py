@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from tangram.chaos import FAULT_KINDS, ChaosConfig, chaos
+from tangram.local.processes import LocalCluster
 
 
 # Ten processes and three NATS servers start and stop; one allocator kill costs a lease TTL.
@@ -28,11 +29,16 @@ async def test_a_small_chaos_run_injects_every_fault_and_violates_nothing() -> N
         assert outcomes["released"] > config.claims // 2
         assert outcomes["released_before_requested"] == report["faults"]["reorder"]
         assert report["stream_replicas"] == 3
-        assert all(code == 0 for code in report["services_exit_codes"].values()), report[
-            "services_exit_codes"
-        ]
+        failed = {name: code for name, code in report["services_exit_codes"].items() if code != 0}
+        assert failed == {}, {name: _log_tail(cluster, name) for name in failed}
     finally:
         shutil.rmtree(cluster.workdir, ignore_errors=True)
+
+
+def _log_tail(cluster: LocalCluster, name: str, lines: int = 15) -> list[str]:
+    """The last lines a service logged, for the failure message (the folder goes after the test)."""
+    log = cluster.service(name).log_path
+    return log.read_text(errors="replace").splitlines()[-lines:] if log.exists() else []
 
 
 def test_chaos_arguments_are_checked_with_one_clear_line() -> None:

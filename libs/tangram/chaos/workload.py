@@ -48,6 +48,7 @@ from tangram.kubelet.client import ClaimHandle, KubeletClient
 from tangram.local.processes import LocalCluster
 
 SERVICE_RETRY_S = 0.25
+HEAL_TIMEOUT_S = 60.0  # for every restarted service to serve again before the checks
 
 
 @dataclass
@@ -329,3 +330,7 @@ class ChaosWorkload:
                 if index not in servers.running():
                     await asyncio.to_thread(servers.restart, index)
         self._revive()
+        # A service restarted by the last fault may still be importing: up means serving, and only
+        # then does the SIGTERM that ends the run stop it gracefully. Past the timeout the checks
+        # report what is down.
+        await self.cluster.until_serving(HEAL_TIMEOUT_S)

@@ -3,6 +3,7 @@ own OS process."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,6 +83,15 @@ class ServiceProcess:
     module_args: list[str]
     env: dict[str, str]
     user: str | None = None
+    log_start: int = 0  # the log's size when this run of the service began (the log is appended)
+
+    def serving(self) -> bool:
+        """Whether this run has logged its start (health port open, SIGTERM a graceful stop): until
+        then a SIGTERM meets the interpreter's default action, an exit by the signal."""
+        with contextlib.suppress(OSError), self.log_path.open("rb") as log:
+            log.seek(self.log_start)
+            return any(line.startswith(b"{") and b'"health_port"' in line for line in log)
+        return False
 
 
 @dataclass
@@ -256,6 +267,7 @@ class LocalCluster:
     ) -> ServiceProcess:
         log_path = self.workdir / "logs" / f"{name.replace('@', '-')}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_start = log_path.stat().st_size if log_path.exists() else 0
         full_env = dict(
             os.environ,
             TANGRAM_NATS_URL=",".join(self.urls_for(user)),
@@ -271,7 +283,7 @@ class LocalCluster:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        return ServiceProcess(name, process, log_path, module_args, env, user)
+        return ServiceProcess(name, process, log_path, module_args, env, user, log_start)
 
     def service(self, name: str) -> ServiceProcess:
         return next(p for p in self.processes if p.name == name)
@@ -303,6 +315,16 @@ class LocalCluster:
         self.processes[self.processes.index(service)] = self._launch(
             name, service.module_args, service.env, service.user
         )
+
+    async def until_serving(self, timeout_s: float) -> bool:
+        """Wait until every service's current run is serving (a restarted one may still be
+        importing, when a SIGTERM would kill it rather than stop it); False at the timeout."""
+        deadline = time.monotonic() + timeout_s
+        while not all(service.serving() for service in self.processes):
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.1)
+        return True
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU time (user and system) each kind of process has used so far, summed over the

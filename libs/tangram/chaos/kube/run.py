@@ -48,6 +48,7 @@ from tangram.chaos.kube.pods import (
     retrying,
 )
 from tangram.chaos.nodes import NodeView
+from tangram.chaos.workload import HEAL_TIMEOUT_S
 from tangram.events import CLAIMS_STREAM, INVENTORY_STREAM, NodeInventory
 from tangram.kubernetes.api import KubeApiError, call, call_json
 from tangram.kubernetes.objects.claimbridge import UNSCHEDULABLE_REASON, allocation_of, gated
@@ -535,6 +536,7 @@ class KubeChaosRun:
             await faults
             await asyncio.gather(*workers, *list(self._side))
             self.heal()
+            await self.cluster.until_serving(HEAL_TIMEOUT_S)
             if self.webhook is None or self.webhook.process.poll() is not None:
                 await self._start_webhook()
             driven = time.monotonic()
