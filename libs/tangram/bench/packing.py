@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import combinations
 from typing import Any, Literal
 
@@ -364,15 +364,19 @@ def first_losing_placement(
         return None
     started = time.perf_counter()
     probes = 0
+    model, _, claims = _prefix_model(nodes, ops, reach, reach)
+    # each placement's columns, pinned to 1 by the probes that keep it
+    pins = [
+        [([column], [1.0], 1.0) for column in _hint_columns(claims[i], held, i)]
+        for i, held in enumerate(placed)
+    ]
 
     def probe(pinned: int) -> list[float] | Literal[False] | None:
         """A solution keeping the first `pinned` placements; False: none exists; None: undecided."""
         nonlocal probes
         probes += 1
-        model, _, claims = _prefix_model(nodes, ops, reach, reach)
-        for i, held in enumerate(placed[:pinned]):
-            model.equal.extend(([column], [1.0], 1.0) for column in _hint_columns(claims[i], held, i))
-        h, _ = _solve(model, time_limit_s, None)
+        kept = [row for rows in pins[:pinned] for row in rows]
+        h, _ = _solve(replace(model, equal=[*model.equal, *kept]), time_limit_s, None)
         import highspy  # noqa: PLC0415 - the solver is needed by the benchmarks only
 
         status = h.getModelStatus()
@@ -395,7 +399,6 @@ def first_losing_placement(
             high = middle
         else:
             low, solution = middle, found
-    _, _, claims = _prefix_model(nodes, ops, reach, reach)
     return LosingPlacement(
         arrival=low,
         placed=placed[low] if low < len(placed) else None,

@@ -88,10 +88,11 @@ class ServiceProcess:
     def serving(self) -> bool:
         """Whether this run has logged its start (health port open, SIGTERM a graceful stop): until
         then a SIGTERM meets the interpreter's default action, an exit by the signal."""
-        with contextlib.suppress(OSError), self.log_path.open("rb") as log:
-            log.seek(self.log_start)
-            return any(line.startswith(b"{") and b'"health_port"' in line for line in log)
-        return False
+        try:
+            logged_health_port(self.log_path, since=self.log_start)
+        except (LookupError, OSError, ValueError):  # ValueError: a start line half written
+            return False
+        return True
 
 
 @dataclass
@@ -408,10 +409,13 @@ def leading_allocator(cluster: LocalCluster) -> str | None:
     return None
 
 
-def logged_health_port(log: Path) -> int:
-    """The health port a service logged last in `log` (it picks a free one at each start);
-    LookupError while it has logged none (it is still starting)."""
-    lines = log.read_text(errors="replace").splitlines()
+def logged_health_port(log: Path, since: int = 0) -> int:
+    """The health port a service logged last in `log` past byte `since` (it picks a free one at
+    each start, and a restarted service appends to the same log); LookupError while it has logged
+    none (it is still starting)."""
+    with log.open("rb") as file:
+        file.seek(since)
+        lines = file.read().decode(errors="replace").splitlines()
     port = next(
         (
             json.loads(line)["health_port"]
