@@ -12,6 +12,7 @@ from tangram.chaos.kube.invariants import (
     allocated_by_uid,
     devices_held_twice,
     mig_devices_by_node,
+    mig_instances_differ,
     reserved_nodes_taken,
 )
 from tangram.events import (
@@ -58,7 +59,7 @@ def test_mig_devices_and_allocations_are_counted_for_live_claims_only() -> None:
         claim("b", "gpu-3-mig-1g-18gb-6", deleting=True, reserved=False),
         {"metadata": {"name": "c", "uid": "uid-c"}, "status": {}},
     ]
-    assert mig_devices_by_node(claims) == {"n1": 1}
+    assert mig_devices_by_node(claims) == {"n1": ["gpu-1-mig-1g-18gb-0"]}
     assert allocated_by_uid(claims) == {"uid-a": "n1"}
 
 
@@ -125,3 +126,21 @@ def test_every_fault_kind_comes_once_a_round_in_a_seeded_order() -> None:
     assert rounds == [next(again) for _ in range(len(rounds))]
     for start in range(0, len(rounds), len(KUBE_FAULT_KINDS)):
         assert sorted(rounds[start : start + len(KUBE_FAULT_KINDS)]) == sorted(KUBE_FAULT_KINDS)
+
+
+def test_mig_instances_differ_names_each_instance_on_one_side_only() -> None:
+    made = {"MIG-a": "gpu-0-mig-1g-18gb-0", "MIG-b": "gpu-0-mig-1g-18gb-1", "MIG-c": "gpu-1-mig-3g-71gb-4"}
+    assert (
+        mig_instances_differ(
+            "n1", made, ["gpu-0-mig-1g-18gb-1", "gpu-1-mig-3g-71gb-4", "gpu-0-mig-1g-18gb-0"]
+        )
+        is None
+    )
+    assert mig_instances_differ("n1", made, ["gpu-0-mig-1g-18gb-1", "gpu-1-mig-3g-71gb-4"]) == (
+        "node n1: 3 MIG instances made by Tangram, 2 allocated; "
+        "made but held by no live claim: gpu-0-mig-1g-18gb-0 (MIG-a); held but not made: none"
+    )
+    assert mig_instances_differ("n1", {}, ["gpu-2-mig-1g-18gb-0"]) == (
+        "node n1: 0 MIG instances made by Tangram, 1 allocated; "
+        "made but held by no live claim: none; held but not made: gpu-2-mig-1g-18gb-0"
+    )

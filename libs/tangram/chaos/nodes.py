@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from tangram.dra.names import mig_device_name
 from tangram.events import ClaimAllocated
 from tangram.local.processes import LocalCluster, SimNode
 from tangram.nvml import SimNvml, parse_mig_minors, render_mig_minors
@@ -42,6 +43,15 @@ class NodeView:
                 with contextlib.suppress(Exception):
                     found.add(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetMigDeviceHandleByIndex(device, slot)))
         return found
+
+    def mig_devices(self, node: str) -> dict[str, str]:
+        """MIG device uuid -> its DRA device name, for every MIG device on the node's GPUs."""
+        executor = MigExecutor(self.sim(node), minors=parse_mig_minors(render_mig_minors()))
+        return {
+            instance.mig_uuid: mig_device_name(instance.gpu_index, instance.profile, instance.placement.start)
+            for instance in executor.observe_all()
+            if instance.mig_uuid
+        }
 
     def reused_instances(self, live: Mapping[str, ClaimAllocated]) -> dict[str, set[str]]:
         """Per node, the instances live claims hold that no create of theirs made: each device

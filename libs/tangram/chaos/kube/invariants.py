@@ -41,16 +41,32 @@ def devices_held_twice(claims: Iterable[Mapping[str, Any]], pods: Collection[str
     return twice
 
 
-def mig_devices_by_node(claims: Iterable[Mapping[str, Any]]) -> dict[str, int]:
-    """How many MIG devices the live claims' allocations hold, by node (Tangram's pools are its nodes)."""
-    counts: dict[str, int] = {}
+def mig_devices_by_node(claims: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """The MIG devices the live claims' allocations hold, by node (Tangram's pools are its nodes),
+    each once per claim that holds it."""
+    held: dict[str, list[str]] = {}
     for claim in claims:
         allocation = (allocation_of(claim) if live(claim) else None) or {}
         for result in (allocation.get("devices") or {}).get("results") or []:
-            if "-mig-" in str(result.get("device", "")) and not result.get("adminAccess"):
-                pool = str(result.get("pool", ""))
-                counts[pool] = counts.get(pool, 0) + 1
-    return counts
+            device = str(result.get("device", ""))
+            if "-mig-" in device and not result.get("adminAccess"):
+                held.setdefault(str(result.get("pool", "")), []).append(device)
+    return {pool: sorted(devices) for pool, devices in held.items()}
+
+
+def mig_instances_differ(node: str, made: Mapping[str, str], held: Iterable[str]) -> str | None:
+    """The line saying how a node's MIG instances Tangram made (uuid -> device name) differ from
+    those its live claims hold, naming each one on only one side; None when they agree in number."""
+    held = list(held)
+    if len(made) == len(held):
+        return None
+    unheld = sorted(f"{name} ({uuid})" for uuid, name in made.items() if name not in held)
+    unmade = sorted(set(held) - set(made.values()))
+    return (
+        f"node {node}: {len(made)} MIG instances made by Tangram, {len(held)} allocated; "
+        f"made but held by no live claim: {', '.join(unheld) or 'none'}; "
+        f"held but not made: {', '.join(unmade) or 'none'}"
+    )
 
 
 def allocated_by_uid(claims: Iterable[Mapping[str, Any]]) -> dict[str, str]:

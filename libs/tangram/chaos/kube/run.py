@@ -31,6 +31,7 @@ from tangram.chaos.kube.invariants import (
     allocated_by_uid,
     devices_held_twice,
     mig_devices_by_node,
+    mig_instances_differ,
     reserved_nodes_taken,
 )
 from tangram.chaos.kube.pods import (
@@ -360,20 +361,27 @@ class KubeChaosRun:
         deadline = loop.time() + QUIET_WITHIN_S
         while True:  # destroys of claims released just before may still be on their way
             claims = await self._claims(api)
-            made = {
-                node.name: len(self.nodes.mig_uuids(node) - self._before[node.name])
-                for node in self.config.nodes
-            }
             held = mig_devices_by_node(claims)
-            differ = [node.name for node in self.config.nodes if made[node.name] != held.get(node.name, 0)]
+            differ = [
+                line
+                for node in self.config.nodes
+                if (
+                    line := mig_instances_differ(
+                        node.name,
+                        {
+                            uuid: name
+                            for uuid, name in self.nodes.mig_devices(node.name).items()
+                            if uuid not in self._before[node.name]
+                        },
+                        held.get(node.name, []),
+                    )
+                )
+            ]
             if not differ or loop.time() > deadline:
                 break
             await asyncio.sleep(1.0)
-        for name in differ:
-            self.problem(
-                "mig_instances_differ_from_claims",
-                f"node {name}: {made[name]} MIG instances made by Tangram, {held.get(name, 0)} allocated",
-            )
+        for line in differ:
+            self.problem("mig_instances_differ_from_claims", line)
         await self._check_ledger(api)
         await self._check_gated(api, bus, claims, gated_pods)
 
