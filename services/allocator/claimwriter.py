@@ -26,6 +26,7 @@ from tangram.kubernetes.api import KubeApiError, call_json
 from tangram.kubernetes.api.events import record_event
 from tangram.kubernetes.objects.claimbridge import (
     UNSCHEDULABLE_REASON,
+    ClaimRef,
     allocation_of,
     allocation_status,
     claim_adopted,
@@ -81,8 +82,22 @@ class ClaimWriter:
         if claim is None or uid_of(claim) != allocated.uid:
             claim = await self.current_claim(allocated.namespace, allocated.name, allocated.uid)
             if claim is None:
-                return  # not (or no longer) in Kubernetes: its deletion releases it
+                await self._release_gone(allocated)
+                return
         await self.write_allocation(claim, allocation_status(allocated), allocated.uid)
+
+    async def _release_gone(self, allocated: ClaimAllocated) -> None:
+        """Released as deleted: a claim decided after it left Kubernetes. Its deletion, read while
+        nothing of it was decided here (a new leader reads deletions before it decides the requests
+        the previous leader sent), released nothing; once a deletion has released it, nothing more."""
+        ref = ClaimRef(namespace=allocated.namespace, name=allocated.name, uid=allocated.uid)
+        released = self._requester.release(ref, deleted=True)
+        if released is not None:
+            log.info(
+                "claim decided after its deletion released",
+                extra={"claim": f"{ref.namespace}/{ref.name}", "uid": ref.uid},
+            )
+            await self._publish(released)
 
     async def current_claim(self, namespace: str, name: str, uid: str) -> dict[str, Any] | None:
         try:

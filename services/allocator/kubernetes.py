@@ -470,6 +470,15 @@ class ClaimBridge:
 
     async def _release(self, ref: ClaimRef, *, deleted: bool = False) -> None:
         released = self._requester.release(ref, deleted=deleted)
+        log.info(
+            "claim released in Kubernetes",
+            extra={
+                "claim": f"{ref.namespace}/{ref.name}",
+                "uid": ref.uid,
+                "deleted": deleted,
+                "published": released is not None,  # not when the ledger holds nothing of it
+            },
+        )
         if released is not None:
             self._writer.forget_warning(ref.uid)
             await self._publish(released)

@@ -192,11 +192,36 @@ async def _serve(
             if isinstance(output, ClaimAllocated):
                 _log_reused_instances(ledger, output)
             await ctx.bus.publish(output)
-            if isinstance(output, ClaimFailed):
+            # one line per decision, naming the claim's uid: what a claim's story is traced by
+            if isinstance(output, ClaimAllocated):
+                log.info(
+                    "claim allocated",
+                    extra={
+                        "claim": f"{output.namespace}/{output.name}",
+                        "uid": output.uid,
+                        "node": output.node,
+                        "partitions": list(output.partitions),
+                    },
+                )
+            elif isinstance(output, ClaimFailed):
                 log.info(
                     "claim failed",
-                    extra={"claim": f"{output.namespace}/{output.name}", "reason": output.reason},
+                    extra={
+                        "claim": f"{output.namespace}/{output.name}",
+                        "uid": output.uid,
+                        "reason": output.reason,
+                    },
                 )
+        if isinstance(event, ClaimReleased):
+            log.info(
+                "claim released",
+                extra={
+                    "claim": f"{event.namespace}/{event.name}",
+                    "uid": event.uid,
+                    "deleted": event.deleted,
+                    "freed": frees,
+                },
+            )
         if bridge is not None:
             bridge.notice(event, outputs, frees=frees)
 

@@ -26,6 +26,7 @@ async def test_a_short_chaos_run_on_kubernetes_injects_every_fault_and_violates_
     )
     report, cluster = await kube_chaos(config)
     print(f"\nchaos --kubernetes: {report['pods']} pods in {report['wall_s']} s, phases {report['phases_s']}")
+    passed = False
     try:
         examples = report["violation_examples"]
         if examples:
@@ -44,5 +45,9 @@ async def test_a_short_chaos_run_on_kubernetes_injects_every_fault_and_violates_
         assert all(code == 0 for code in report["services_exit_codes"].values()), report[
             "services_exit_codes"
         ]
+        passed = True
     finally:
-        shutil.rmtree(cluster.workdir, ignore_errors=True)
+        if passed:
+            shutil.rmtree(cluster.workdir, ignore_errors=True)
+        else:  # its logs and stores, for whoever traces the failure
+            print(f"kept {cluster.workdir}")

@@ -426,3 +426,24 @@ async def test_a_claim_deallocated_then_deleted_is_released_again_as_deleted(set
     assert releases == [("deallocated-first", False), ("deallocated-first", True), ("deleted-at-once", True)]
     ids = [e.event_id for e in setup.published if isinstance(e, ClaimReleased)]
     assert len(set(ids)) == 3
+
+
+async def test_a_claim_deleted_before_its_decision_is_released_when_the_decision_finds_it_gone(
+    setup: Setup,
+) -> None:
+    """A new leader can read a claim's deletion before it decides the request the previous leader
+    sent: the deletion releases nothing then, as nothing of the claim is decided here. The
+    decision, finding the claim gone, releases it, or the ledger would hold its devices forever."""
+    claim = await setup.claim("gone-first")
+    last = await setup.read("gone-first")
+    await call("delete claim", setup.resource.delete_namespaced_resource_claim("gone-first", setup.namespace))
+    await setup.bridge._claim_changed("DELETED", last)
+    assert [e for e in setup.published if isinstance(e, ClaimReleased)] == []
+    allocated = setup.decide(claim)
+    assert setup.ledger.fleet.allocation(allocated.uid) is not None
+    await setup.bridge._write(allocated)
+    await setup.bridge._write(allocated)  # delivered again: released once
+    [released] = [e for e in setup.published if isinstance(e, ClaimReleased)]
+    assert (released.uid, released.deleted) == (allocated.uid, True)
+    setup.ledger.apply(released)
+    assert setup.ledger.fleet.allocation(allocated.uid) is None
