@@ -28,7 +28,7 @@ layers: $(STAMP)
 	$(BIN)/lint-imports
 
 unit: $(STAMP) chromium prometheus docker controlplane helm monitoring-crds
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=40
 
 # The web view's screenshot test drives headless Chromium (Debian's package). Installed once, as
 # root with apt; nothing is done when it is already there.
