@@ -85,6 +85,11 @@ def _log_reused_instances(ledger: Ledger, allocated: ClaimAllocated) -> None:
         )
 
 
+def _log_claim(what: str, event: ClaimAllocated | ClaimFailed | ClaimReleased, **told: object) -> None:
+    """One line per decision and release, naming the claim's uid: what a claim's story is traced by."""
+    log.info(what, extra={"claim": f"{event.namespace}/{event.name}", "uid": event.uid, **told})
+
+
 async def _closing(api: Any, stop: asyncio.Event) -> None:
     """Close the Kubernetes client when the service stops."""
     try:
@@ -192,36 +197,12 @@ async def _serve(
             if isinstance(output, ClaimAllocated):
                 _log_reused_instances(ledger, output)
             await ctx.bus.publish(output)
-            # one line per decision, naming the claim's uid: what a claim's story is traced by
             if isinstance(output, ClaimAllocated):
-                log.info(
-                    "claim allocated",
-                    extra={
-                        "claim": f"{output.namespace}/{output.name}",
-                        "uid": output.uid,
-                        "node": output.node,
-                        "partitions": list(output.partitions),
-                    },
-                )
+                _log_claim("claim allocated", output, node=output.node, partitions=list(output.partitions))
             elif isinstance(output, ClaimFailed):
-                log.info(
-                    "claim failed",
-                    extra={
-                        "claim": f"{output.namespace}/{output.name}",
-                        "uid": output.uid,
-                        "reason": output.reason,
-                    },
-                )
+                _log_claim("claim failed", output, reason=output.reason)
         if isinstance(event, ClaimReleased):
-            log.info(
-                "claim released",
-                extra={
-                    "claim": f"{event.namespace}/{event.name}",
-                    "uid": event.uid,
-                    "deleted": event.deleted,
-                    "freed": frees,
-                },
-            )
+            _log_claim("claim released", event, deleted=event.deleted, freed=frees)
         if bridge is not None:
             bridge.notice(event, outputs, frees=frees)
 
