@@ -22,6 +22,9 @@ NOT_GPU0 = 'device.attributes["gpu.tangram.dev"].index >= 1'
 TOPOLOGY = {"apiVersion": "gpu.tangram.dev/v1alpha1", "kind": "TopologyConfig", "interconnect": "NVLink"}
 API_DOWN_S = 180.0  # how long a call waits for an API server that is restarting
 ADMISSION_DOWN = "failed calling webhook"  # the API server's refusal while the webhook is down
+# A restarted API server's Priority admission reads PriorityClasses from a cache that may not have
+# synced yet: it refuses a pod naming a class the run made at its start (403) for a moment.
+PRIORITY_NOT_SYNCED = "no PriorityClass with name"
 
 T = TypeVar("T")
 
@@ -123,9 +126,14 @@ def priority_class(name: str, value: int) -> dict[str, Any]:
 
 
 def transient(error: BaseException) -> bool:
-    """An API server that is down or restarting, not one that refused the request."""
+    """An API server that is down or restarting, not one that refused the request for good."""
     if isinstance(error, KubeApiError):
-        return error.status == 0 or error.status >= 500 or error.status == 429
+        return (
+            error.status == 0
+            or error.status >= 500
+            or error.status == 429
+            or (error.status == 403 and PRIORITY_NOT_SYNCED in str(error))
+        )
     return isinstance(error, aiohttp.ClientError | TimeoutError | ConnectionError)
 
 
