@@ -49,3 +49,14 @@ def test_shares_of_overlapping_hosts_are_an_overlap_until_one_is_released() -> N
     assert overlapping_allocations([whole, mig]) == ["b and a both hold GPU ('n1', 0) slices {2, 3}"]
     released = ClaimReleased(key="a", namespace="ml", name="a", uid="a")
     assert overlapping_allocations([whole, released, mig]) == []
+
+
+def test_a_decision_after_the_claims_deletion_holds_nothing() -> None:
+    """The claims stream can hold a claim's deletion before a decision the allocator made before it
+    read that deletion: the decision holds no slice."""
+    gone = ClaimReleased(key="a", namespace="ml", name="a", uid="a", deleted=True)
+    assert overlapping_allocations([gone, allocated("a", "gpu-0"), allocated("b", "gpu-0")]) == []
+    deallocated = ClaimReleased(key="a", namespace="ml", name="a", uid="a")
+    assert overlapping_allocations([deallocated, allocated("a", "gpu-0"), allocated("b", "gpu-0")]) == [
+        "b and a both hold GPU ('n1', 0) slices {0, 1, 2, 3, 4, 5, 6, 7}"
+    ]

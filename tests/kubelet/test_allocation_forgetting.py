@@ -34,7 +34,7 @@ def test_a_thousand_claims_leave_the_view_as_large_as_a_hundred_did() -> None:
     assert sizes[99]["slot_attempts"] <= 61 and sizes[99]["partition_failures"] <= 61
 
 
-def test_a_release_sent_again_forgets_once_and_a_claim_allocated_again_is_kept() -> None:
+def test_a_release_sent_again_forgets_once_and_a_decision_after_the_deletion_keeps_nothing() -> None:
     view = InMemoryAllocationSource(NODE)
     lifetime(view.observe, "twice", 0, retried=True)
     view.observe(released("twice", at(5)))  # the deletion released again, later
@@ -42,6 +42,19 @@ def test_a_release_sent_again_forgets_once_and_a_claim_allocated_again_is_kept()
     assert view.attempt("twice", GPU, 0) == 0
     lifetime(view.observe, "back", 100, retried=True)
     again = msgspec.structs.replace(allocated("back", 0, at(101)), event_id="back-again")
-    view.observe(again)  # impossible for a deleted uid; kept while it holds its devices
-    view.observe(released("y", at(200)))
+    view.observe(again)  # made before the allocator read the deletion: it holds nothing
     assert view.attempt("back", GPU, 0) == 2
+    view.observe(released("y", at(200)))
+    assert view.attempt("back", GPU, 0) == 0
+
+
+def test_a_decision_read_after_its_claims_deletion_holds_no_device() -> None:
+    """Decided before the allocator read the claim's deletion, which the claims stream holds first:
+    the claim holds nothing, and no other claim is kept from its device."""
+    view = InMemoryAllocationSource(NODE)
+    view.observe(released("late", at(0)))
+    view.observe(allocated("late", 0, at(0.1)))
+    assert not view.held_by_others("d", "next")
+    assert view.sizes()["allocations"] == 0
+    view.observe(allocated("live", 1, at(0.2)))  # a claim not deleted holds its device
+    assert view.held_by_others("d", "next")

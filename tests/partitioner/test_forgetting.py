@@ -9,10 +9,11 @@ from datetime import UTC, datetime, timedelta
 
 import msgspec
 
-from tangram.events import PartitionApplied, PartitionFailed
+from tangram.events import MigPlacement, PartitionApplied, PartitionFailed
 from tangram.partitioning import PartitionLedger
+from tangram.partitioning.model import InstanceKey
 from tests.partitioner.helpers import NODE, Collected, command, gpu_uuid, partitioner, sim
-from tests.support.lifetimes import HOUR, allocated, at, failed_create, lifetime, released, result
+from tests.support.lifetimes import GPU, HOUR, allocated, at, failed_create, lifetime, released, result
 
 
 def test_a_deleted_claim_is_forgotten_an_hour_past_its_deletion_by_the_releases_times() -> None:
@@ -95,3 +96,21 @@ async def test_a_create_sent_before_a_claim_forgotten_since_is_not_run() -> None
     fresh = command("fresh-create", nvml, gpu=3, claim_uid="fresh", **slice_1g)  # type: ignore[arg-type]
     await p.handle(fresh)
     assert isinstance(collected.events[-1], PartitionApplied)
+
+
+def test_a_decision_read_after_its_claims_deletion_never_makes_the_claim_live() -> None:
+    """The claim source can publish a deletion while the claim's request waits for the allocator,
+    which decides it before it reads the deletion: the claims stream holds the deletion first. That
+    decision is stale (the allocator frees the claim as it reads the deletion), so the instance
+    made for it belongs to no live claim, and the allocator's destroy of it is not refused."""
+    ledger = PartitionLedger(NODE)
+    ledger.observe(released("late", at(0)))
+    ledger.observe(allocated("late", 0, at(0.1)))
+    ledger.observe(result("late", "create", at(0.2)))
+    assert ledger.has_ended("late") and not ledger.is_live("late")
+    assert ledger.allocation("late") is None
+    assert ledger.owner(InstanceKey.of(GPU, MigPlacement(start=0, size=1))) is None
+    # only deallocated, then decided again for a new pod: live again
+    ledger.observe(released("again", at(1), deleted=False))
+    ledger.observe(allocated("again", 1, at(1.1)))
+    assert ledger.is_live("again") and ledger.allocation("again") is not None

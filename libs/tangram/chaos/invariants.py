@@ -31,10 +31,13 @@ def overlapping_allocations(log: Iterable[Event]) -> list[str]:
     device that overlaps another claim's)."""
     # (node, GPU) -> claim uid -> (slices, the share host it holds a share of, or None)
     held: dict[tuple[str, int], dict[str, tuple[set[int], str | None]]] = defaultdict(dict)
+    deleted: set[str] = set()
     problems = []
     for event in log:
         match event:
-            case ClaimAllocated():
+            case ClaimAllocated() if event.uid not in deleted:
+                # (a decision after the claim's deletion was made before the allocator read it,
+                # and holds nothing: it frees the claim as it reads the deletion)
                 for device in event.devices:
                     if device.admin_access:
                         continue
@@ -58,6 +61,8 @@ def overlapping_allocations(log: Iterable[Event]) -> list[str]:
                     before = held[key].get(event.uid, (set(), host))[0]
                     held[key][event.uid] = (before | slices, host)
             case ClaimReleased() | ClaimFailed():
+                if isinstance(event, ClaimReleased) and event.deleted:
+                    deleted.add(event.uid)
                 for owners in held.values():
                     owners.pop(event.uid, None)
             case _:

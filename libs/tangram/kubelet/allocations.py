@@ -102,7 +102,9 @@ class InMemoryAllocationSource:
                             "instances": partial,
                         },
                     )
-            case ClaimAllocated(node=node, uid=uid) if node == self.node:
+            case ClaimAllocated(node=node, uid=uid) if node == self.node and uid not in self.deleted:
+                # (a decision read after the claim's deletion was made before the allocator read
+                # it, and holds nothing: `PartitionLedger.observe`)
                 self._allocations[uid] = event
                 self._claim_failures.pop(uid, None)
                 for command_id in [c for c, f in self._partition_failures.items() if f.claim_uid == uid]:
@@ -133,7 +135,7 @@ class InMemoryAllocationSource:
     def _forget_deleted(self, now: datetime) -> None:
         for uid in self.deleted.due(now):
             if uid in self._allocations:
-                continue  # allocated again: impossible for a deleted uid, and kept while it holds
+                continue  # held: never a deleted uid (its release dropped it; a later decision is stale)
             self._attempts.forget(uid)
             for results in (self._created, self._partition_failures):
                 for command_id in [c for c, result in results.items() if result.claim_uid == uid]:

@@ -78,9 +78,11 @@ class PartitionLedger:
                     self._warm.pop(key, None)
             case PartitionFailed(node=node) if node == self.node:
                 self._outcome(event)
-            case ClaimAllocated(node=node) if node == self.node:
+            case ClaimAllocated(node=node) if node == self.node and event.uid not in self.deleted:
                 # decided again after it failed (capacity freed, a preemption) or was released and
-                # asked again for a new pod: live from now on
+                # asked again for a new pod: live from now on. A decision read after the claim's
+                # deletion is not: the claim source published the deletion while the request waited,
+                # the allocator decided before it read it, and frees the claim as it does.
                 self._ended.discard(event.uid)
                 self._decided.add(event.uid)
                 self._prepared.discard(event.uid)  # its prepare may be folded first: streams interleave
@@ -125,7 +127,7 @@ class PartitionLedger:
     def _forget_deleted(self, now: datetime) -> None:
         for uid in self.deleted.due(now):
             if uid in self._claims or uid in self._prepared:
-                continue  # allocated again: impossible for a deleted uid, and it stays while live
+                continue  # live: never a deleted uid (its release ended it; a later decision is stale)
             self._ended.discard(uid)
             self._forgotten_through = now - self.forget_after
 
