@@ -71,9 +71,15 @@ class ClaimWriter:
         self._adopted: set[str] = set()
         self._warned: dict[str, str] = {}  # uid -> the failure reason last recorded as an Event
 
-    def forget_warning(self, uid: str) -> None:
-        """Released: a later failure of the claim is told again, even for the same reason."""
-        self._warned.pop(uid, None)
+    async def release(self, ref: ClaimRef, *, deleted: bool = False) -> bool:
+        """Publish the claim's release where there is one (`ClaimRequester.release`); whether it
+        was published. Released, a later failure of the claim is told again, even for the same reason."""
+        released = self._requester.release(ref, deleted=deleted)
+        if released is None:
+            return False
+        self._warned.pop(ref.uid, None)
+        await self._publish(released)
+        return True
 
     async def write(self, allocated: ClaimAllocated) -> None:
         self._requester.allocated(allocated.uid)
@@ -82,22 +88,17 @@ class ClaimWriter:
         if claim is None or uid_of(claim) != allocated.uid:
             claim = await self.current_claim(allocated.namespace, allocated.name, allocated.uid)
             if claim is None:
-                await self._release_gone(allocated)
+                # Gone from Kubernetes: released as deleted. Its deletion may have been read while
+                # nothing of it was decided here (a new leader reads deletions before it decides the
+                # requests the previous leader sent), and then it released nothing.
+                ref = ClaimRef(namespace=allocated.namespace, name=allocated.name, uid=allocated.uid)
+                if await self.release(ref, deleted=True):
+                    log.info(
+                        "claim decided after its deletion released",
+                        extra={"claim": f"{ref.namespace}/{ref.name}", "uid": ref.uid},
+                    )
                 return
         await self.write_allocation(claim, allocation_status(allocated), allocated.uid)
-
-    async def _release_gone(self, allocated: ClaimAllocated) -> None:
-        """Released as deleted: a claim decided after it left Kubernetes. Its deletion, read while
-        nothing of it was decided here (a new leader reads deletions before it decides the requests
-        the previous leader sent), released nothing; once a deletion has released it, nothing more."""
-        ref = ClaimRef(namespace=allocated.namespace, name=allocated.name, uid=allocated.uid)
-        released = self._requester.release(ref, deleted=True)
-        if released is not None:
-            log.info(
-                "claim decided after its deletion released",
-                extra={"claim": f"{ref.namespace}/{ref.name}", "uid": ref.uid},
-            )
-            await self._publish(released)
 
     async def current_claim(self, namespace: str, name: str, uid: str) -> dict[str, Any] | None:
         try:

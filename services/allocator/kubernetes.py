@@ -64,7 +64,6 @@ from tangram.events import (
 from tangram.kubernetes.api import KubeApiError, call_json
 from tangram.kubernetes.api.watching import list_then_watch
 from tangram.kubernetes.objects.claimbridge import (
-    ClaimRef,
     allocation_of,
     claim_ref,
     classify,
@@ -449,11 +448,11 @@ class ClaimBridge:
         uid = uid_of(claim)
         kind = classify(claim, self._view.classes)
         if kind == "deleting":
-            await self._release(claim_ref(claim), deleted=True)
+            await self._writer.release(claim_ref(claim), deleted=True)
         elif kind == "allocated":
             await self._writer.adopt(claim)
         elif before is not None and allocation_of(before) is not None and self._requester.knows(uid):
-            await self._release(claim_ref(claim))  # deallocated
+            await self._writer.release(claim_ref(claim))  # deallocated
         elif kind == "tangram" and self._gates.awaited(claim):
             await self._ask(claim)
         self._gates.lift_soon(claim)
@@ -466,27 +465,12 @@ class ClaimBridge:
             await self._writer.write_allocation(claim, held, uid_of(claim))
 
     async def _claim_gone(self, claim: dict[str, Any]) -> None:
-        await self._release(claim_ref(claim), deleted=True)
-
-    async def _release(self, ref: ClaimRef, *, deleted: bool = False) -> None:
-        released = self._requester.release(ref, deleted=deleted)
-        log.info(
-            "claim released in Kubernetes",
-            extra={
-                "claim": f"{ref.namespace}/{ref.name}",
-                "uid": ref.uid,
-                "deleted": deleted,
-                "published": released is not None,  # not when the ledger holds nothing of it
-            },
-        )
-        if released is not None:
-            self._writer.forget_warning(ref.uid)
-            await self._publish(released)
+        await self._writer.release(claim_ref(claim), deleted=True)
 
     async def _resync(self) -> None:
         """After the first listing as leader: claims the ledger holds that were deleted meanwhile."""
         for ref in self._requester.gone_while_away():
-            await self._release(ref, deleted=True)
+            await self._writer.release(ref, deleted=True)
         await self._preemptions.resume()
 
     # --- pods ---------------------------------------------------------------------------------------
