@@ -362,21 +362,12 @@ class KubeChaosRun:
         while True:  # destroys of claims released just before may still be on their way
             claims = await self._claims(api)
             held = mig_devices_by_node(claims)
-            differ = [
-                line
-                for node in self.config.nodes
-                if (
-                    line := mig_instances_differ(
-                        node.name,
-                        {
-                            uuid: name
-                            for uuid, name in self.nodes.mig_devices(node.name).items()
-                            if uuid not in self._before[node.name]
-                        },
-                        held.get(node.name, []),
-                    )
-                )
-            ]
+            differ = []
+            for node in self.config.nodes:
+                before = self._before[node.name]
+                made = {u: name for u, name in self.nodes.mig_devices(node.name).items() if u not in before}
+                if line := mig_instances_differ(node.name, made, held.get(node.name, [])):
+                    differ.append(line)
             if not differ or loop.time() > deadline:
                 break
             await asyncio.sleep(1.0)
